@@ -1,0 +1,271 @@
+"""The wire protocol between jobs and the node controller.
+
+Newline-delimited JSON over a Unix socket: one object per line, at most
+``MAX_LINE_BYTES`` bytes, each carrying ``"v"`` (protocol version) and
+``"type"``. Every message is a frozen dataclass below; :func:`decode` checks
+every field's type and range and raises :class:`ProtocolError` with a code the
+controller sends back in an :class:`Error` reply. Unknown fields are rejected
+(a typo must not pass silently); a newer version gets ``unsupported_version``.
+
+Counters in :class:`Report` are cumulative since the rank started, so a lost
+report loses no information and a restarted controller can diff them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Union
+
+from adloader.errors import ProtocolError
+
+VERSION = 1
+MAX_LINE_BYTES = 128 * 1024
+MAX_STRING = 4096
+MAX_LIST = 4096
+MAX_NUMBER = 1e18  # larger than any real counter, small enough to stay exact-ish as float
+
+
+@dataclass(frozen=True)
+class Message:
+    """Base of every protocol message; ``TYPE`` is the value of the ``type`` field."""
+
+    TYPE: ClassVar[str] = ""
+    # field -> (lowest, highest) allowed; checked by decode() after the types.
+    RANGES: ClassVar[dict[str, tuple[float, float]]] = {}
+
+
+# ---------------------------------------------------------------- job -> controller
+
+
+@dataclass(frozen=True)
+class Register(Message):
+    """Sent once by the launcher. The controller creates the job's cgroup and moves the
+    sender (identified by SO_PEERCRED, never by a field) into it before replying."""
+
+    TYPE: ClassVar[str] = "register"
+    RANGES: ClassVar[dict[str, tuple[float, float]]] = {"gpus": (0, 1024), "num_workers": (0, 1024)}
+    name: str
+    gpus: int = 0
+    num_workers: int | None = None
+    features: dict[str, float] | None = None
+
+
+@dataclass(frozen=True)
+class Report(Message):
+    """Sent by each rank's loader about once a second; answered with a :class:`Target`.
+    All counters are cumulative since the rank's loader started."""
+
+    TYPE: ClassVar[str] = "report"
+    RANGES: ClassVar[dict[str, tuple[float, float]]] = {
+        "rank": (0, 1 << 20), "world_size": (1, 1 << 20), "batch_size": (1, 1 << 30),
+        "samples": (0, MAX_NUMBER), "batches": (0, MAX_NUMBER), "data_wait_s": (0, MAX_NUMBER),
+        "compute_s": (0, MAX_NUMBER), "worker_cpu_s": (0, MAX_NUMBER), "read_bytes": (0, MAX_NUMBER),
+        "num_workers": (0, 1024),
+    }
+    job_id: str
+    rank: int = 0
+    world_size: int = 1
+    batch_size: int = 1
+    samples: int = 0
+    batches: int = 0
+    data_wait_s: float = 0.0
+    compute_s: float = 0.0
+    worker_cpu_s: float = 0.0
+    read_bytes: int = 0
+    num_workers: int = 0
+    features: dict[str, float] | None = None
+
+
+@dataclass(frozen=True)
+class End(Message):
+    """Sent by the launcher when its command exits."""
+
+    TYPE: ClassVar[str] = "end"
+    job_id: str
+    exit_code: int = 0
+
+
+@dataclass(frozen=True)
+class StatusRequest(Message):
+    """Ask for the node's state; anyone may ask."""
+
+    TYPE: ClassVar[str] = "status"
+
+
+@dataclass(frozen=True)
+class SetPolicy(Message):
+    """Change the node's policy. Root only."""
+
+    TYPE: ClassVar[str] = "set_policy"
+    policy: str
+
+
+# ---------------------------------------------------------------- controller -> job
+
+
+@dataclass(frozen=True)
+class Registered(Message):
+    TYPE: ClassVar[str] = "registered"
+    job_id: str
+    cgroup: str
+    backend: str
+
+
+@dataclass(frozen=True)
+class Target(Message):
+    """What the job should use now. None means 'keep what you have'."""
+
+    TYPE: ClassVar[str] = "target"
+    num_workers: int | None = None
+    cores: float | None = None
+
+
+@dataclass(frozen=True)
+class Status(Message):
+    TYPE: ClassVar[str] = "status_reply"
+    node: dict[str, Any] = field(default_factory=dict)
+    jobs: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Ok(Message):
+    TYPE: ClassVar[str] = "ok"
+
+
+@dataclass(frozen=True)
+class Error(Message):
+    """Error reply: ``code`` is machine-readable, ``message`` says what was wrong and what to do."""
+
+    TYPE: ClassVar[str] = "error"
+    code: str
+    message: str
+
+
+MESSAGE_TYPES: dict[str, type[Message]] = {
+    cls.TYPE: cls
+    for cls in (Register, Report, End, StatusRequest, SetPolicy, Registered, Target, Status, Ok, Error)
+}
+
+
+# ---------------------------------------------------------------- encode / decode
+
+
+def encode(message: Message) -> bytes:
+    """One line of JSON, newline-terminated. Raises ProtocolError if it would exceed the bound."""
+    payload = {"v": VERSION, "type": message.TYPE, **dataclasses.asdict(message)}
+    line = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+    if len(line) > MAX_LINE_BYTES:
+        raise ProtocolError("too_long", f"message of {len(line)} bytes exceeds {MAX_LINE_BYTES}")
+    return line
+
+
+def decode(line: bytes | str) -> Message:
+    """Parse and validate one line. Raises ProtocolError(code, message) on anything wrong."""
+    if isinstance(line, bytes):
+        if len(line) > MAX_LINE_BYTES:
+            raise ProtocolError("too_long", f"line of {len(line)} bytes exceeds {MAX_LINE_BYTES}")
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ProtocolError("bad_encoding", f"line is not UTF-8: {exc.reason} at byte {exc.start}") from None
+    else:
+        text = line
+    try:
+        obj = json.loads(text, parse_constant=_reject_constant)
+    except ProtocolError:
+        raise
+    except (ValueError, RecursionError) as exc:
+        raise ProtocolError("bad_json", f"line is not valid JSON: {str(exc)[:200]}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError("not_object", f"a message must be a JSON object, got {type(obj).__name__}")
+    version = obj.pop("v", None)
+    if type(version) is not int:
+        raise ProtocolError("bad_version", "field 'v' (protocol version, an integer) is missing")
+    if version != VERSION:
+        raise ProtocolError(
+            "unsupported_version", f"protocol version {version} is not supported; this side speaks {VERSION}"
+        )
+    kind = obj.pop("type", None)
+    cls = MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise ProtocolError("unknown_type", f"unknown message type {str(kind)[:64]!r}; known: {sorted(MESSAGE_TYPES)}")
+    return _build(cls, obj)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ProtocolError("bad_number", f"{name} is not allowed in messages")
+
+
+def _build(cls: type[Message], obj: dict[str, Any]) -> Message:
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = set(obj) - set(fields)
+    if unknown:
+        raise ProtocolError("unknown_field", f"{cls.TYPE}: unknown field(s) {sorted(unknown)[:8]}")
+    kwargs: dict[str, Any] = {}
+    for name, f in fields.items():
+        if name not in obj:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ProtocolError("missing_field", f"{cls.TYPE}: required field {name!r} is missing")
+            continue
+        kwargs[name] = _check(obj[name], hints[name], f"{cls.TYPE}.{name}")
+    for name, (low, high) in cls.RANGES.items():
+        value = kwargs.get(name)
+        if value is not None and not low <= value <= high:
+            raise ProtocolError("bad_number", f"{cls.TYPE}.{name}={value} is outside [{low:g}, {high:g}]")
+    return cls(**kwargs)
+
+
+def _check(value: Any, hint: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _check(value, inner[0], where)
+    if hint is Any:
+        return value
+    if hint is str:
+        if not isinstance(value, str):
+            raise _type_error(where, "a string", value)
+        if len(value) > MAX_STRING or "\x00" in value:
+            raise ProtocolError("bad_field", f"{where}: string too long or contains NUL")
+        return value
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise _type_error(where, "a boolean", value)
+        return value
+    if hint is int:
+        if type(value) is not int:
+            raise _type_error(where, "an integer", value)
+        if not -MAX_NUMBER <= value <= MAX_NUMBER:
+            raise ProtocolError("bad_number", f"{where}: {value} is out of range")
+        return value
+    if hint is float:
+        if type(value) not in (int, float):
+            raise _type_error(where, "a number", value)
+        if not math.isfinite(value) or abs(value) > MAX_NUMBER:
+            raise ProtocolError("bad_number", f"{where}: {value} is not a finite number in range")
+        return float(value)
+    if origin is list:
+        if not isinstance(value, list):
+            raise _type_error(where, "a list", value)
+        if len(value) > MAX_LIST:
+            raise ProtocolError("bad_field", f"{where}: list longer than {MAX_LIST}")
+        return [_check(item, args[0], f"{where}[]") for item in value]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise _type_error(where, "an object", value)
+        if len(value) > MAX_LIST:
+            raise ProtocolError("bad_field", f"{where}: object with more than {MAX_LIST} keys")
+        return {_check(k, str, f"{where} key"): _check(v, args[1], f"{where}.{k}") for k, v in value.items()}
+    raise TypeError(f"protocol field type {hint!r} at {where} is not supported")  # programming error
+
+
+def _type_error(where: str, expected: str, value: Any) -> ProtocolError:
+    return ProtocolError("bad_field", f"{where} must be {expected}, got {type(value).__name__}")

@@ -1,0 +1,1 @@
+"""The node controller: job registry, control loop, policies, reconciler, backends, exporter."""

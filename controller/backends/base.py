@@ -1,0 +1,53 @@
+"""The backend seam: the only code that touches the kernel to enforce an allocation.
+
+Implementations: cgroup v1 (cgroupspy), cgroup v2 (direct file writes), and an
+unprivileged fallback (CPU affinity through psutil). Every root they touch is a
+constructor argument so tests can point them at a fixture tree. The reconciler
+calls the ``set_*`` methods only for values that changed.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+from adloader.errors import AdloaderError
+
+
+class BackendError(AdloaderError):
+    """The kernel refused a change or a cgroup is missing; the message says which file and what to do."""
+
+
+class ResourceBackend(Protocol):
+    name: str
+    """"cgroup-v1", "cgroup-v2" or "affinity"."""
+    capabilities: frozenset[str]
+    """Subset of {"cpu_quota", "cpuset", "read_bps", "cpu_accounting", "groups"}: what it can enforce."""
+
+    def create(self, job_id: str) -> str:
+        """Create the job's group (idempotent: an existing one is adopted). Returns its path for display."""
+
+    def attach(self, job_id: str, pid: int) -> None:
+        """Move ``pid`` into the job's group; its future children are born inside."""
+
+    def pids(self, job_id: str) -> set[int]:
+        """Live pids inside the job's group (for the fallback: the launcher's process tree)."""
+
+    def set_cpu_quota(self, job_id: str, cores: float | None) -> None:
+        """Limit the group to ``cores`` CPUs' worth of time; None removes the limit."""
+
+    def set_cpuset(self, job_id: str, cpus: tuple[int, ...] | None) -> None:
+        """Confine the group to CPU ids ``cpus``; None means every CPU of the parent."""
+
+    def set_read_bps(self, job_id: str, device: str, bps: int | None) -> None:
+        """Throttle reads from block device ``device`` ("major:minor"); None removes the throttle."""
+
+    def cpu_seconds(self, job_id: str) -> float:
+        """CPU time used by the whole group since it was created."""
+
+    def existing_jobs(self) -> list[str]:
+        """Job ids of groups found under this backend's root (left by an earlier controller)."""
+
+    def remove(self, job_id: str) -> None:
+        """Remove the job's group. Live pids still inside are moved to the parent first."""
+
+    def release(self, job_id: str) -> None:
+        """Lift every limit the backend set on the job but keep the group (controller shutdown)."""

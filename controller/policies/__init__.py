@@ -1,0 +1,41 @@
+"""Policies by name. Each is a pure function of (node, jobs) behind one interface, so a
+benchmark compares them in one run. Add a policy here to make it selectable with
+``adloader controller --policy``."""
+from __future__ import annotations
+
+import importlib
+
+from controller.policies.base import (
+    Allocation,
+    JobAllocation,
+    JobView,
+    NodeResources,
+    Policy,
+    PolicyError,
+    workers_for_cores,
+)
+
+# name -> "module:Class"; imported on use so the controller starts without scipy when it can.
+_REGISTRY: dict[str, str] = {
+    "static": "controller.policies.static:StaticPolicy",
+    "even": "controller.policies.even:EvenPolicy",
+}
+
+
+def policy_names() -> list[str]:
+    return list(_REGISTRY)
+
+
+def make_policy(name: str) -> Policy:
+    """Build the policy called ``name``; PolicyError names the valid ones otherwise."""
+    target = _REGISTRY.get(name)
+    if target is None:
+        raise PolicyError(f"unknown policy {name!r}; choose one of {', '.join(_REGISTRY)}")
+    module_name, class_name = target.split(":")
+    return getattr(importlib.import_module(module_name), class_name)()
+
+
+__all__ = [
+    "Allocation", "JobAllocation", "JobView", "NodeResources", "Policy", "PolicyError",
+    "make_policy", "policy_names", "workers_for_cores",
+]

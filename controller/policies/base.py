@@ -1,0 +1,95 @@
+"""The policy seam: plain data in, an allocation out. No I/O, no clock, no globals.
+
+As kubelet's cpumanager Policy: a policy only decides; the reconciler applies. A
+policy is handed the node's resources and a view of every live job (what it asked
+for, what was measured, what it has now) and returns what each job should get.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol, Sequence
+
+from adloader.errors import AdloaderError
+
+
+class PolicyError(AdloaderError):
+    """A policy name or its configuration is invalid."""
+
+
+@dataclass(frozen=True)
+class NodeResources:
+    """What the controller manages on this node."""
+
+    cpus: tuple[int, ...]
+    """CPU ids managed (``adloader controller --cpus``); jobs are confined to them."""
+    read_bps: float | None = None
+    """Read bandwidth of ``read_device`` in bytes/s to share out; None: not managed."""
+    read_device: str | None = None
+    """``major:minor`` of the block device the datasets are read from."""
+    min_cores_per_job: float = 0.1
+    """Floor: every job keeps at least this CPU quota, whatever the policy decides."""
+    max_workers_per_job: int = 32
+
+    @property
+    def cores(self) -> float:
+        return float(len(self.cpus))
+
+
+@dataclass(frozen=True)
+class JobAllocation:
+    """What one job is given. None in a field means 'leave it alone' (unlimited / own count)."""
+
+    cores: float | None = None
+    """CPU quota in cores (cfs_quota/cfs_period, cpu.max)."""
+    cpus: tuple[int, ...] | None = None
+    """cpuset: which CPU ids the job may run on."""
+    read_bps: int | None = None
+    """Read throttle on the node's read device, bytes/s."""
+    workers: int | None = None
+    """DataLoader worker target per rank."""
+
+
+@dataclass(frozen=True)
+class JobView:
+    """Everything a policy may know about a job. Rates are samples/s, summed over ranks."""
+
+    job_id: str
+    name: str
+    gpus: int = 1
+    ranks: int = 1
+    requested_workers: int | None = None
+    """num_workers the job asked for (what it would use unmanaged), per rank."""
+    arrival_s: float = 0.0
+    """Seconds since the controller started when the job registered (orders jobs; no clock here)."""
+    max_throughput: float | None = None
+    """M: samples/s when data never stalls (measured if available, else predicted)."""
+    max_throughput_interval: tuple[float, float] | None = None
+    cpu_s_per_sample: float | None = None
+    """p: loader CPU seconds per sample."""
+    bytes_per_sample: float | None = None
+    """b: bytes read from storage per sample."""
+    loading_curve: tuple[tuple[float, float], ...] = ()
+    """Measured (cores, loading samples/s) points, concave through the origin; empty: use c/p."""
+    achieved: float | None = None
+    """T: samples/s measured over the last window."""
+    remaining_samples: float | None = None
+    """Predicted samples left (from history or the job's own sample count); None: unknown."""
+    current: JobAllocation = field(default_factory=JobAllocation)
+
+
+Allocation = Mapping[str, JobAllocation]
+
+
+class Policy(Protocol):
+    """Decides what each job gets. Must be pure: same inputs, same output."""
+
+    name: str
+
+    def allocate(self, node: NodeResources, jobs: Sequence[JobView]) -> Allocation:
+        ...
+
+
+def workers_for_cores(cores: float, workers_per_core: float = 1.0, limit: int = 32) -> int:
+    """DESIGN.md: workers follow cores, w = ceil(c·k), at least one, at most ``limit``."""
+    return max(1, min(limit, math.ceil(cores * workers_per_core - 1e-9)))

@@ -1,0 +1,1 @@
+"""throughput_model package."""
