@@ -44,13 +44,32 @@ def _top_parser() -> argparse.ArgumentParser:
         help="logging level (default INFO)",
     )
     parser.add_argument("command", choices=list(SUBCOMMANDS), metavar="COMMAND", help=argparse.SUPPRESS)
-    parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return parser
+
+
+def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Split argv at the subcommand name: (top-level options + command, the command's own args).
+
+    Done by hand so the command's arguments, ``--`` included, reach it verbatim
+    (``adloader run -- torchrun --nproc-per-node 2 train.py``)."""
+    argv = list(argv)
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--log-level":
+            i += 2
+            continue
+        if arg.startswith("-"):
+            i += 1
+            continue
+        return argv[: i + 1], argv[i + 1 :]
+    return argv, []
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse the command line, configure logging once, and run the chosen subcommand."""
-    top = _top_parser().parse_args(argv)
+    head, rest = split_command(sys.argv[1:] if argv is None else argv)
+    top = _top_parser().parse_args(head)
     logging.basicConfig(
         level=getattr(logging, top.log_level),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -60,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     module = importlib.import_module(module_name)
     sub = argparse.ArgumentParser(prog=f"adloader {top.command}", description=help_)
     module.configure(sub)
-    args = sub.parse_args(top.rest)
+    args = sub.parse_args(rest)
     try:
         return int(module.main(args) or 0)
     except KeyboardInterrupt:
