@@ -1,0 +1,147 @@
+"""What the cgroup v1 and v2 backends share: names, value checks, kernel errors, removal.
+
+Kernel errors become BackendError here, with the file that refused and what the
+operator can do about it, so every backend reports failures the same way.
+"""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+from controller.backends.base import BackendError
+
+log = logging.getLogger(__name__)
+
+CFS_PERIOD_US = 100_000
+"""The scheduler period every job group uses (the kernel default); quotas are cores x period."""
+MIN_QUOTA_US = 1_000
+"""The kernel refuses CFS quotas under 1 ms."""
+_REMOVE_ATTEMPTS = 5
+"""rmdir is retried this often when a process forks into the group while it is drained."""
+
+_REMEDIES = {
+    errno.ENOENT: "the group or its controller file is missing: create the job's group first, "
+    "and check that the controller is mounted/enabled",
+    errno.EACCES: "permission denied: run `adloader controller` as root, or use --backend affinity",
+    errno.EPERM: "not permitted: run `adloader controller` as root, or use --backend affinity",
+    errno.EROFS: "the cgroup filesystem is read-only (a container?): mount it read-write, or use --backend affinity",
+    errno.ESRCH: "the process has already exited",
+    errno.ENOSPC: "the cpuset has no CPUs or memory nodes: set cpuset.cpus and cpuset.mems first",
+    errno.EINVAL: "the kernel refused the value: check it is in range for this file",
+    errno.ENODEV: "no such block device: pass the MAJ:MIN of a disk listed in /sys/dev/block",
+    errno.EBUSY: "the group is still in use (processes or child groups inside)",
+}
+
+
+def kernel_error(exc: OSError, path: Path | str, action: str) -> BackendError:
+    """The BackendError for an OSError raised while touching ``path``: which file, what failed, what to do."""
+    remedy = _REMEDIES.get(exc.errno or 0, "see the kernel log (dmesg) for details")
+    return BackendError(f"{action} failed at {os.fsdecode(path)}: {exc.strerror or exc}; {remedy}")
+
+
+@contextmanager
+def kernel_call(path: Path | str, action: str) -> Iterator[None]:
+    """Turn an OSError raised while touching ``path`` into kernel_error's BackendError."""
+    try:
+        yield
+    except OSError as exc:
+        raise kernel_error(exc, path, action) from exc
+
+
+def check_name(name: str, what: str = "job id") -> str:
+    """A job id or group name becomes one directory name: refuse anything that is not a plain name."""
+    if not name or name in (".", "..") or "/" in name or "\0" in name or name.startswith("cgroup."):
+        raise BackendError(f"{what} {name!r} cannot name a cgroup directory: use letters, digits, '-', '_' or '.'")
+    return name
+
+
+def parse_device(device: str) -> tuple[int, int]:
+    """``"254:0"`` -> ``(254, 0)``; BackendError for anything else."""
+    major, colon, minor = device.strip().partition(":")
+    if not colon or not major.isdigit() or not minor.isdigit():
+        raise BackendError(f"block device {device!r} is not MAJ:MIN (e.g. 254:0; `lsblk -o NAME,MAJ:MIN` lists them)")
+    return int(major), int(minor)
+
+
+def quota_us(cores: float) -> int:
+    """CFS quota for ``cores`` CPUs' worth of time per CFS_PERIOD_US (at least the kernel minimum)."""
+    if not cores > 0:
+        raise BackendError(f"a CPU quota of {cores} cores is not positive: give > 0, or None to remove the limit")
+    return max(MIN_QUOTA_US, round(cores * CFS_PERIOD_US))
+
+
+def check_bps(bps: int) -> int:
+    if bps <= 0:
+        raise BackendError(f"read throttle of {bps} bytes/s is not positive: give > 0, or None to remove it")
+    return int(bps)
+
+
+def write_interface(path: Path, text: str, action: str) -> None:
+    """One write() to an existing kernel interface file (never creates it, as the kernel would not)."""
+    with kernel_call(path, action):
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+
+
+def read_interface(path: Path, action: str) -> str:
+    with kernel_call(path, action):
+        return path.read_text()
+
+
+def read_pid_list(path: Path) -> set[int]:
+    """Pids listed in a cgroup.procs file; an empty set if the group is gone."""
+    try:
+        return {int(line) for line in path.read_text().split()}
+    except FileNotFoundError:
+        return set()
+
+
+def job_from_proc_cgroup(proc: Path, pid: int, group: str, hierarchy_matches: Callable[[str], bool]) -> str | None:
+    """The job id whose group holds ``pid``, read from /proc/PID/cgroup; None if it is in no job group.
+
+    ``hierarchy_matches`` picks the line of the hierarchy to look at (by its controller list field).
+    """
+    try:
+        lines = (proc / str(pid) / "cgroup").read_text().splitlines()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if not hierarchy_matches(controllers):
+            continue
+        parts = path.strip("/").split("/")
+        if len(parts) == 2 and parts[0] == group:
+            return parts[1]
+    return None
+
+
+def drain_and_rmdir(job_dir: Path, pids: Callable[[], set[int]], move: Callable[[int], None]) -> None:
+    """Move every pid out of ``job_dir`` (``move``), then remove it; a missing group is already removed.
+
+    A process that forks while the group is drained leaves a new child behind and
+    makes rmdir fail with EBUSY, so drain and rmdir are retried a few times.
+    """
+    for attempt in range(1, _REMOVE_ATTEMPTS + 1):
+        for pid in pids():
+            try:
+                move(pid)
+            except BackendError as exc:
+                if isinstance(exc.__cause__, ProcessLookupError):
+                    continue
+                raise
+        try:
+            os.rmdir(job_dir)
+            return
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY or attempt == _REMOVE_ATTEMPTS:
+                raise kernel_error(exc, job_dir, "removing the job's group") from exc
+            log.debug("%s still busy after draining (attempt %d), retrying", job_dir, attempt)
