@@ -10,6 +10,16 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+JOB_STATES: tuple[str, ...] = ("starting", "running", "gone")
+REALLOCATION_REASONS: tuple[str, ...] = ("arrival", "departure", "gain", "policy_change", "adoption")
+ERROR_KINDS: tuple[str, ...] = (
+    "too_long", "bad_encoding", "bad_json", "not_object", "bad_version", "unsupported_version",
+    "unknown_type", "unknown_field", "missing_field", "bad_number", "bad_field", "internal",
+)
+"""Known values of ``JobSnapshot.state``, of the keys of ``reallocations_total`` and of
+``errors_total`` (the protocol's error codes plus the controller's). The exporter shows
+every one from the start, at 0; a key not listed here still appears once counted."""
+
 
 @dataclass(frozen=True)
 class JobSnapshot:
