@@ -23,7 +23,7 @@ def read_device_of(path: Path, proc: Path = Path("/proc"), sys_root: Path = Path
     major, minor = os.major(dev), os.minor(dev)
     if major == 0:
         major, minor = _device_from_mount_table(path, f"{major}:{minor}", proc)
-    return _whole_disk(f"{major}:{minor}", sys_root)
+    return whole_disk_of(f"{major}:{minor}", sys_root)
 
 
 def _device_from_mount_table(path: Path, anonymous: str, proc: Path) -> tuple[int, int]:
@@ -50,7 +50,7 @@ def _device_from_mount_table(path: Path, anonymous: str, proc: Path) -> tuple[in
     )
 
 
-def _whole_disk(device: str, sys_root: Path) -> str:
+def whole_disk_of(device: str, sys_root: Path = Path("/sys")) -> str:
     """The disk a partition belongs to (/sys/dev/block/MAJ:MIN/partition marks a partition)."""
     node = sys_root / "dev" / "block" / device
     if not (node / "partition").exists():

@@ -42,7 +42,7 @@ class CgroupV1Backend:
     name = "cgroup-v1"
 
     def __init__(self, group: str = "adloader", root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc")) -> None:
-        self._group = check_name(group, "cgroup name")
+        self.group = check_name(group, "cgroup name")
         self._root = Path(root)
         self._proc = Path(proc)
         if not (self._root / "cpu").is_dir():
@@ -57,7 +57,7 @@ class CgroupV1Backend:
     def _node(self, hierarchy: str, job_id: str | None = None) -> Node:
         """The cgroupspy node of the group (or of the job's group when ``job_id`` is given)."""
         node = Node(hierarchy, parent=Node(str(self._root)))
-        node = Node(self._group, parent=node)
+        node = Node(self.group, parent=node)
         return Node(check_name(job_id), parent=node) if job_id is not None else node
 
     def _dir(self, hierarchy: str, job_id: str | None = None) -> Path:
@@ -154,7 +154,7 @@ class CgroupV1Backend:
     # -- extras -------------------------------------------------------------------------------
     def job_of(self, pid: int) -> str | None:
         """The job whose group holds ``pid`` (from /proc/PID/cgroup's cpu line), or None."""
-        return job_from_proc_cgroup(self._proc, pid, self._group, lambda ctrls: "cpu" in ctrls.split(","))
+        return job_from_proc_cgroup(self._proc, pid, self.group, lambda ctrls: "cpu" in ctrls.split(","))
 
 
 def _inherit_cpuset(node: Node) -> None:

@@ -37,7 +37,7 @@ class CgroupV2Backend:
     name = "cgroup-v2"
 
     def __init__(self, group: str = "adloader", root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc")) -> None:
-        self._group = check_name(group, "cgroup name")
+        self.group = check_name(group, "cgroup name")
         self._root = Path(root)
         self._proc = Path(proc)
         if not (self._root / "cgroup.controllers").is_file():
@@ -53,7 +53,7 @@ class CgroupV2Backend:
         )
 
     def _dir(self, job_id: str | None = None) -> Path:
-        group_dir = self._root / self._group
+        group_dir = self._root / self.group
         return group_dir / check_name(job_id) if job_id is not None else group_dir
 
     def _require(self, capability: str, controller: str) -> None:
@@ -148,7 +148,7 @@ class CgroupV2Backend:
 
         Paths there are relative to the cgroup2 mount, so this assumes ``root`` is the mount's root.
         """
-        return job_from_proc_cgroup(self._proc, pid, self._group, lambda ctrls: ctrls == "")
+        return job_from_proc_cgroup(self._proc, pid, self.group, lambda ctrls: ctrls == "")
 
 
 def _controllers(path: Path) -> set[str]:

@@ -1,0 +1,96 @@
+"""Apply the wanted allocation to the kernel, touching only what changed.
+
+As kubelet's cpumanager reconcile loop: the policy decides (pure), this module
+diffs wanted against what is in force and calls the backend for the difference.
+A value that did not change is never rewritten; a field the backend cannot
+enforce is skipped (not a failure); one job's failure never stops the others,
+and a field that failed keeps its old value in ``applied`` so the next control
+period retries it. The only side effects are the backend calls.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Mapping
+
+from controller.backends.base import BackendError, ResourceBackend
+from controller.policies.base import JobAllocation, NodeResources
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Change:
+    job_id: str
+    field: str
+    """"cores", "cpus" or "read_bps"."""
+    old: Any
+    new: Any
+
+
+@dataclass(frozen=True)
+class Failure:
+    job_id: str
+    field: str
+    error: str
+
+
+@dataclass(frozen=True)
+class ReconcileResult:
+    applied: dict[str, JobAllocation]
+    """What is now in force, for every job in ``wanted`` (``workers`` is carried over from wanted)."""
+    changes: list[Change]
+    failures: list[Failure]
+
+
+def reconcile(
+    backend: ResourceBackend,
+    node: NodeResources,
+    wanted: Mapping[str, JobAllocation],
+    applied: Mapping[str, JobAllocation],
+) -> ReconcileResult:
+    """Bring every job in ``wanted`` from its ``applied`` allocation to the wanted one."""
+    result_applied: dict[str, JobAllocation] = {}
+    changes: list[Change] = []
+    failures: list[Failure] = []
+    for job_id, want in wanted.items():
+        in_force = replace(applied.get(job_id, JobAllocation()), workers=want.workers)
+        for field, target, apply in _enforceable_fields(backend, node, job_id, want):
+            old = getattr(in_force, field)
+            if _same(field, old, target):
+                continue
+            try:
+                apply(target)
+            except BackendError as exc:
+                log.warning("job %s: could not set %s to %s (keeping %s, will retry): %s", job_id, field, target, old, exc)
+                failures.append(Failure(job_id, field, str(exc)))
+                continue
+            log.info("job %s: %s %s -> %s", job_id, field, old, target)
+            changes.append(Change(job_id, field, old, target))
+            in_force = replace(in_force, **{field: target})
+        result_applied[job_id] = in_force
+    return ReconcileResult(result_applied, changes, failures)
+
+
+def _enforceable_fields(
+    backend: ResourceBackend, node: NodeResources, job_id: str, want: JobAllocation
+) -> list[tuple[str, Any, Callable[[Any], None]]]:
+    """(field, target value, setter) for each field this backend can enforce on this node."""
+    fields: list[tuple[str, Any, Callable[[Any], None]]] = []
+    if "cpu_quota" in backend.capabilities:
+        fields.append(("cores", want.cores, lambda cores: backend.set_cpu_quota(job_id, cores)))
+    if "cpuset" in backend.capabilities:
+        # The managed CPUs always confine jobs: "no cpuset wanted" means all of them, not the whole machine.
+        cpus = tuple(sorted(set(want.cpus if want.cpus is not None else node.cpus)))
+        fields.append(("cpus", cpus, lambda cpus: backend.set_cpuset(job_id, cpus)))
+    if "read_bps" in backend.capabilities and node.read_device is not None:
+        device = node.read_device
+        fields.append(("read_bps", want.read_bps, lambda bps: backend.set_read_bps(job_id, device, bps)))
+    return fields
+
+
+def _same(field: str, old: Any, new: Any) -> bool:
+    """Equal as the kernel would see it: CPU quotas are compared in millicores, so float noise is no change."""
+    if field == "cores" and old is not None and new is not None:
+        return round(old * 1000) == round(new * 1000)
+    return old == new
