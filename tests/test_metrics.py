@@ -66,7 +66,7 @@ class Scraper:
 @pytest.fixture
 def scraper() -> Iterator[Scraper]:
     s = Scraper(_node(RESNET, BERT, connected_clients=3, reallocations_total={"arrival": 2},
-                      errors_total={"bad_json": 1, "forbidden": 4}, backend_failures_total=1))
+                      errors_total={"bad_json": 1, "not_yet_listed": 4}, backend_failures_total=1))
     yield s
     s.exporter.stop()
 
@@ -123,7 +123,7 @@ def test_node_series_and_every_known_reason_and_error_kind_exist_from_the_start(
         assert samples[("adloader_reallocations_total", (("reason", reason),))] == (2 if reason == "arrival" else 0)
     for kind in ERROR_KINDS:
         assert samples[("adloader_errors_total", (("kind", kind),))] == (1 if kind == "bad_json" else 0)
-    assert samples[("adloader_errors_total", (("kind", "forbidden"),))] == 4  # counted, though not listed
+    assert samples[("adloader_errors_total", (("kind", "not_yet_listed"),))] == 4  # counted, though not listed
     assert samples[("adloader_control_loop_duration_seconds_count", ())] == 0
 
 

@@ -1,0 +1,162 @@
+"""``adloader status``: the node's jobs and what each was given, as a table an operator
+reads at a glance, refreshed in place with ``--watch``, or as JSON for scripts.
+
+It asks the controller over its socket (a :class:`~adloader.protocol.StatusRequest`,
+which anyone may send), so it needs no root. No controller answering is reported in
+one line with exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Callable, TextIO
+
+from adloader import paths, protocol
+from adloader.client import ControllerClient
+from adloader.errors import AdloaderError, ControllerRefused, ControllerUnavailable
+from controller.cpuspec import format_cpus
+from controller.snapshot import JobSnapshot, NodeSnapshot
+
+EXIT_NO_CONTROLLER = 2
+EXIT_REFUSED = 1
+CLEAR_SCREEN = "\x1b[H\x1b[2J"
+
+COLUMNS = ("JOB", "ID", "STATE", "GPUS", "SAMPLES/S", "MAX/S", "GPU IDLE", "CORES", "WORKERS", "READ BW", "DATA WAIT")
+RIGHT_ALIGNED = frozenset(COLUMNS[3:])
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true",
+                        help="print the node and its jobs as one JSON object (one per refresh with --watch)")
+    parser.add_argument("--watch", nargs="?", type=float, const=2.0, default=None, metavar="SECONDS",
+                        help="refresh every SECONDS (default 2) until Ctrl-C")
+    parser.add_argument("--socket", type=Path, default=None,
+                        help="controller socket (default: $ADLOADER_SOCKET, else the per-user default path)")
+
+
+def main(args: argparse.Namespace) -> int:
+    socket_path = args.socket or paths.default_socket_path()
+    render = _render_json if args.json else render_table
+    with ControllerClient(socket_path) as client:
+        try:
+            first = fetch(client)
+        except ControllerUnavailable as exc:
+            print(f"adloader status: {exc}; is 'adloader controller' running? "
+                  "(--socket or ADLOADER_SOCKET names another socket)", file=sys.stderr)
+            return EXIT_NO_CONTROLLER
+        except ControllerRefused as exc:
+            print(f"adloader status: {exc}", file=sys.stderr)
+            return EXIT_REFUSED
+        if args.watch is None:
+            print(render(first, time.time()))
+            return 0
+        if args.watch <= 0:
+            print("adloader status: --watch needs a positive number of seconds", file=sys.stderr)
+            return EXIT_REFUSED
+        return watch(client, render, args.watch, sys.stdout, first)
+
+
+def fetch(client: ControllerClient) -> NodeSnapshot:
+    """One status request. Raises ControllerUnavailable or ControllerRefused."""
+    reply = client.request(protocol.StatusRequest())
+    if not isinstance(reply, protocol.Status):
+        raise ControllerRefused("unexpected_reply", f"a status request was answered with {reply.TYPE!r}")
+    return NodeSnapshot.from_dict({**reply.node, "jobs": reply.jobs})
+
+
+def watch(client: ControllerClient, render: Callable[[NodeSnapshot, float], str], every: float,
+          out: TextIO, first: NodeSnapshot) -> int:
+    """Redraw every ``every`` seconds until Ctrl-C. A terminal is redrawn in place;
+    a pipe gets one rendering after another. A controller that goes away mid-watch
+    is reported on screen and retried, so a controller restart does not end the watch."""
+    in_place = out.isatty()
+    snapshot: NodeSnapshot | None = first
+    problem = ""
+    try:
+        while True:
+            text = render(snapshot, time.time()) if snapshot is not None else problem
+            out.write((CLEAR_SCREEN if in_place else "") + text + "\n" + ("" if in_place else "\n"))
+            out.flush()
+            time.sleep(every)
+            try:
+                snapshot = fetch(client)
+            except AdloaderError as exc:
+                snapshot, problem = None, f"adloader status: {exc}; retrying every {every:g} s (Ctrl-C to stop)"
+    except KeyboardInterrupt:
+        return 0
+
+
+def _render_json(snapshot: NodeSnapshot, now: float) -> str:
+    return json.dumps(snapshot.to_dict(), separators=(",", ":"))
+
+
+def render_table(snapshot: NodeSnapshot, now: float) -> str:
+    """The node line, then one row per job. Pure: ``now`` is the Unix time to show ages against."""
+    rows = [COLUMNS, *(_job_row(job) for job in snapshot.jobs)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    lines = [_node_line(snapshot, now), ""]
+    for row in rows:
+        cells = (cell.rjust(w) if name in RIGHT_ALIGNED else cell.ljust(w)
+                 for cell, w, name in zip(row, widths, COLUMNS))
+        lines.append("  ".join(cells).rstrip())
+    if not snapshot.jobs:
+        lines.append("(no jobs: start one with 'adloader run -- CMD')")
+    if any(job.max_sps_measured is None and job.max_sps_predicted is not None for job in snapshot.jobs):
+        lines.append("~ predicted max samples/s (not measured yet)")
+    return "\n".join(lines)
+
+
+def _node_line(node: NodeSnapshot, now: float) -> str:
+    bandwidth = f"read {_bytes_per_second(node.read_bps)} on {node.read_device}" if node.read_bps else "read unmanaged"
+    return (f"adloader {node.version}  policy {node.policy}  backend {node.backend}  "
+            f"{len(node.cpus)} cores ({format_cpus(node.cpus) if node.cpus else '-'})  {bandwidth}  "
+            f"{len(node.jobs)} jobs  {node.connected_clients} clients  up {_duration(now - node.started_at)}")
+
+
+def _job_row(job: JobSnapshot) -> tuple[str, ...]:
+    if job.max_sps_measured is not None:
+        max_sps = _rate(job.max_sps_measured)
+    elif job.max_sps_predicted is not None:
+        max_sps = "~" + _rate(job.max_sps_predicted)
+    else:
+        max_sps = "-"
+    workers = f"{job.workers_running}/{job.workers_target if job.workers_target is not None else '-'}"
+    return (
+        job.name, job.job_id, job.state, str(job.gpus), _rate(job.achieved_sps), max_sps,
+        _percent(job.gpu_idle_ratio), f"{job.cores:.1f}" if job.cores is not None else "-", workers,
+        _bytes_per_second(job.read_bps), _percent(job.data_wait_ratio),
+    )
+
+
+def _rate(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if value < 100 else f"{value:.0f}"
+
+
+def _percent(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{100 * ratio:.0f}%"
+
+
+def _bytes_per_second(value: float | None) -> str:
+    if value is None:
+        return "-"
+    for unit, size in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if value >= size:
+            return f"{value / size:.3g} {unit}"
+    return f"{value:.0f} B/s"
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{seconds:02d}s"
