@@ -83,7 +83,7 @@ def check_bps(bps: int) -> int:
 def write_interface(path: Path, text: str, action: str) -> None:
     """One write() to an existing kernel interface file (never creates it, as the kernel would not)."""
     with kernel_call(path, action):
-        fd = os.open(path, os.O_WRONLY)
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)  # kernfs ignores O_TRUNC; a fixture file needs it
         try:
             os.write(fd, text.encode())
         finally:
