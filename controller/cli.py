@@ -1,0 +1,112 @@
+"""``adloader controller``: run the node daemon in the foreground until SIGTERM/SIGINT."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from adloader import paths
+from adloader.errors import AdloaderError
+
+if TYPE_CHECKING:
+    from controller.daemon import Controller
+
+log = logging.getLogger(__name__)
+
+
+class ConfigError(AdloaderError):
+    """The command line asks for something inconsistent."""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    from controller.policies import policy_names
+
+    parser.add_argument("--socket", type=Path, default=None, metavar="PATH",
+                        help="Unix socket to serve (default: $ADLOADER_SOCKET, else /run/adloader/adloader.sock "
+                        "as root)")
+    parser.add_argument("--state-dir", type=Path, default=None, metavar="DIR",
+                        help="where the state file lives (default /var/lib/adloader as root)")
+    parser.add_argument("--policy", choices=policy_names(), default=None,
+                        help="allocation policy (default: the one saved in the state file, else adaptive when "
+                        "installed, else even)")
+    parser.add_argument("--period", type=_positive_float, default=1.0, metavar="SECONDS",
+                        help="control period (default 1)")
+    parser.add_argument("--cpus", default=None, metavar="SPEC",
+                        help="CPU ids to share between jobs, e.g. 0-13 (default: every CPU this process may use)")
+    parser.add_argument("--backend", choices=["auto", "cgroup-v1", "cgroup-v2", "affinity"], default="auto",
+                        help="how limits are enforced (default: detect; cgroup v2, then v1, then affinity)")
+    parser.add_argument("--cgroup-group", default="adloader", metavar="NAME",
+                        help="name of the cgroup under which job groups are made (default adloader)")
+    parser.add_argument("--read-bps", type=_positive_float, default=None, metavar="BYTES",
+                        help="read bandwidth of --read-device to share, bytes/s (default: not managed)")
+    parser.add_argument("--read-device", default=None, metavar="MAJ:MIN",
+                        help="block device the datasets are read from, e.g. 254:0 (lsblk -o NAME,MAJ:MIN)")
+    parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                        help="serve Prometheus metrics on this port (default/0: no exporter)")
+    parser.add_argument("--metrics-address", default="127.0.0.1", metavar="ADDR",
+                        help="address the metrics exporter binds (default 127.0.0.1)")
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        controller = _build(args)
+    except AdloaderError as exc:
+        log.error("%s", exc)
+        return 2
+    return asyncio.run(_serve(controller))
+
+
+def _build(args: argparse.Namespace) -> Controller:
+    """The configured controller (its modules are imported here, so --help stays light)."""
+    from controller.backends.cgroupfs import parse_device
+    from controller.cpuspec import CpuSpecError, online_cpus, parse_cpus
+    from controller.daemon import Controller, ControllerConfig
+
+    if (args.read_bps is None) != (args.read_device is None):
+        raise ConfigError("--read-bps and --read-device go together: give both to share read bandwidth, or neither")
+    if args.read_device is not None:
+        parse_device(args.read_device)
+    if args.cpus is None:
+        cpus = tuple(sorted(os.sched_getaffinity(0)))
+    else:
+        cpus = parse_cpus(args.cpus)
+        missing = sorted(set(cpus) - set(online_cpus()))
+        if missing:
+            raise CpuSpecError(f"--cpus {args.cpus} names CPUs that are not online: {missing}")
+    config = ControllerConfig(
+        socket_path=args.socket or paths.default_socket_path(),
+        state_dir=args.state_dir or paths.default_state_dir(),
+        cpus=cpus,
+        policy=args.policy,
+        period_s=args.period,
+        backend=None if args.backend == "auto" else args.backend,
+        group=args.cgroup_group,
+        read_bps=args.read_bps,
+        read_device=args.read_device,
+        metrics_port=args.metrics_port or None,
+        metrics_address=args.metrics_address,
+    )
+    return Controller(config)
+
+
+async def _serve(controller: Controller) -> int:
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, controller.request_stop)
+    try:
+        await controller.run()
+    except AdloaderError as exc:
+        log.error("%s", exc)
+        return 1
+    return 0
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a positive number")
+    return value

@@ -1,0 +1,377 @@
+"""The node daemon: wires the socket server, the job registry, the control loop, the state
+file and the metrics exporter, and owns their lifecycle.
+
+Start: refuse if another controller answers on the socket, recover from the state
+file (adopt the groups of jobs still alive, remove those of dead ones), then serve
+and run the control loop every period. Stop (SIGTERM/SIGINT): stop serving, remove
+the socket, lift every limit (the jobs keep running, unmanaged) and save the state so
+a restarted controller adopts them again.
+
+Everything runs on one asyncio thread: request handlers and control steps never
+interleave. The metrics exporter's HTTP thread only reads the last published
+NodeSnapshot, which is immutable.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from adloader import __version__, protocol
+from controller import faults
+from controller.backends.base import BackendError, ResourceBackend
+from controller.backends.detect import detect_backend
+from controller.loop import ControlLoop
+from controller.peer import peer_belongs_to_job
+from controller.policies import JobAllocation, NodeResources, PolicyError, make_policy, policy_names
+from controller.registry import Job, JobFinishedHook, Predictor, Registry
+from controller.server import Connection, ControlServer, RequestRefused
+from controller.snapshot import NodeSnapshot
+from controller.state import STATE_VERSION, ControllerState, PersistedJob, StateStore, StateWriteError
+
+log = logging.getLogger(__name__)
+
+
+def default_policy() -> str:
+    """The product's policy when it is installed, else the even split."""
+    return "adaptive" if "adaptive" in policy_names() else "even"
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    socket_path: Path
+    state_dir: Path
+    cpus: tuple[int, ...]
+    policy: str | None = None
+    """None: the policy the state file remembers, else :func:`default_policy`."""
+    period_s: float = 1.0
+    backend: str | None = None
+    """"cgroup-v1", "cgroup-v2", "affinity", or None to detect."""
+    group: str = "adloader"
+    read_bps: float | None = None
+    read_device: str | None = None
+    metrics_port: int | None = None
+    metrics_address: str = "127.0.0.1"
+    window_s: float = 5.0
+    cgroup_root: Path = Path("/sys/fs/cgroup")
+    proc: Path = Path("/proc")
+
+
+class Controller:
+    """One node's controller. ``run()`` serves until ``request_stop()``."""
+
+    def __init__(
+        self,
+        config: ControllerConfig,
+        *,
+        backend: ResourceBackend | None = None,
+        predictor: Predictor | None = None,
+        on_job_finished: JobFinishedHook | None = None,
+    ) -> None:
+        self.config = config
+        self.backend = backend or detect_backend(config.backend, config.group, config.cgroup_root, config.proc)
+        self.node = NodeResources(cpus=config.cpus, read_bps=config.read_bps, read_device=config.read_device)
+        self.registry = Registry(window_s=config.window_s, predictor=predictor, on_job_finished=on_job_finished)
+        self.store = StateStore(config.state_dir)
+        self.loop = ControlLoop(self.backend, self.node, make_policy(config.policy or default_policy()))
+        self.server = ControlServer(config.socket_path, self.handle, self._connection_closed, self._count_error)
+        self.started_at = time.time()
+        self.errors: Counter[str] = Counter()
+        self.state_write_failures = 0
+        self.state_corruptions = 0
+        self.backend_failures = 0
+        self._events: set[str] = set()
+        self._wake: asyncio.Event | None = None
+        self._stopping = False
+        self._metrics = None
+        self._published: NodeSnapshot = self.snapshot()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def run(self) -> None:
+        """Serve and control until request_stop(); then release limits and clean up."""
+        self._wake = asyncio.Event()
+        await self.server.start()  # refuses first if another controller is there
+        try:
+            self.recover()
+            self._start_metrics()
+            while not self._stopping:
+                self.step()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=self.config.period_s)
+                except asyncio.TimeoutError:
+                    pass
+                self._wake.clear()
+        finally:
+            await self._shut_down()
+
+    def request_stop(self) -> None:
+        """Stop at the end of the current step (safe to call from a signal handler on the loop)."""
+        log.info("stopping: releasing limits, removing %s; jobs keep running", self.config.socket_path)
+        self._stopping = True
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _shut_down(self) -> None:
+        await self.server.stop()
+        for job in self.registry:
+            try:
+                self.backend.release(job.job_id)
+            except BackendError as exc:
+                log.warning("could not lift the limits of job %s: %s", job.job_id, exc)
+        self.save()
+        if self._metrics is not None:
+            self._metrics.stop()
+        log.info("stopped; %d job(s) left running unmanaged, state saved in %s", len(self.registry), self.store.path)
+
+    def _start_metrics(self) -> None:
+        if not self.config.metrics_port:
+            return
+        from controller.metrics import MetricsExporter  # prometheus_client only when asked for
+
+        self._metrics = MetricsExporter(lambda: self._published)
+        self._metrics.start(self.config.metrics_address, self.config.metrics_port)
+
+    # ------------------------------------------------------------------ recovery
+
+    def recover(self) -> None:
+        """Take over what an earlier controller left: adopt the groups of live jobs (their limits
+        are restored by the first step), remove those of dead jobs and unknown empty groups.
+        A corrupt state file (already moved aside by the store) is rebuilt from the cgroup tree."""
+        loaded = self.store.load()
+        persisted: dict[str, PersistedJob] = {}
+        if loaded.problem is not None:
+            self.state_corruptions += 1
+            log.error("state file unusable, rebuilding from the cgroup tree: %s", loaded.problem)
+        elif loaded.state is not None:
+            persisted = dict(loaded.state.jobs)
+            if self.config.policy is None:
+                self._set_policy_quietly(loaded.state.policy)
+        existing = set(self.backend.existing_jobs())
+        adopted = 0
+        for job_id in sorted(existing | set(persisted)):
+            pids = self.backend.pids(job_id) if job_id in existing else set()
+            if not pids:
+                if job_id in existing:
+                    self._remove_group(job_id, "its processes are gone")
+                else:
+                    log.info("job %s (%s) from the state file has no group and no process: dropped",
+                             job_id, persisted[job_id].name)
+                continue
+            record = persisted.get(job_id) or self._rebuilt_record(job_id, pids)
+            cgroup = self.backend.create(job_id)
+            self.registry.adopt(replace(record, cgroup=cgroup))
+            adopted += 1
+            log.info("adopted job %s (%s) with %d live process(es)", job_id, record.name, len(pids))
+            if adopted == 1:
+                faults.hit("adopt.mid_adoption")
+        if adopted:
+            self._events.add("adoption")
+        self.save()
+
+    def _rebuilt_record(self, job_id: str, pids: set[int]) -> PersistedJob:
+        """What can be known of a job the state file does not describe: its processes' owner."""
+        oldest = min(pids)
+        try:
+            uid = (self.config.proc / str(oldest)).stat().st_uid
+        except OSError:
+            uid = 0
+        return PersistedJob(
+            job_id=job_id, name=f"adopted-{job_id}", uid=uid, gpus=1, launcher_pid=oldest,
+            registered_at=time.time(), cgroup="", allocation=JobAllocation(), requested_workers=None,
+            features=None,
+        )
+
+    def _set_policy_quietly(self, name: str) -> None:
+        try:
+            self.loop.policy = make_policy(name)
+        except PolicyError as exc:
+            log.warning("the saved policy cannot be used (%s); keeping %s", exc, self.loop.policy.name)
+
+    # ------------------------------------------------------------------ the control step
+
+    def step(self) -> None:
+        """Remove gone jobs, decide and apply, save when something changed, publish a snapshot."""
+        events, self._events = self._events, set()
+        if self._reap():
+            events.add("departure")
+        outcome = self.loop.step(self.registry, events)
+        if outcome.reason is not None or events:
+            self.save()
+        self._published = self.snapshot()
+        if self._metrics is not None:
+            self._metrics.observe_loop(outcome.seconds)
+
+    def _reap(self) -> bool:
+        """Remove every job whose launcher connection closed (or that ended) and whose
+        processes are all gone. True if any was removed."""
+        removed = False
+        for job in list(self.registry):
+            if (job.connected and not job.ended) or self._pids(job.job_id):
+                continue
+            why = f"exited with code {job.exit_code}" if job.ended else "launcher disconnected, no process left"
+            cpu_seconds = self._cpu_seconds(job.job_id)
+            if not self._remove_group(job.job_id, why):
+                continue
+            self.registry.remove(job.job_id, pids=set(), cpu_seconds=cpu_seconds)
+            self.loop.forget(job.job_id)
+            removed = True
+        return removed
+
+    def _remove_group(self, job_id: str, why: str) -> bool:
+        try:
+            self.backend.remove(job_id)
+        except BackendError as exc:
+            self.backend_failures += 1
+            log.warning("job %s (%s): could not remove its group, retrying next period: %s", job_id, why, exc)
+            return False
+        log.info("job %s: %s; group removed, its share returns to the pool", job_id, why)
+        faults.hit("remove.mid_removal")
+        return True
+
+    def save(self) -> None:
+        state = ControllerState(
+            version=STATE_VERSION, policy=self.loop.policy.name, jobs=self.registry.persisted(), saved_at=0.0
+        )
+        try:
+            self.store.save(state)
+        except StateWriteError as exc:
+            self.state_write_failures += 1
+            log.error("%s", exc)
+
+    # ------------------------------------------------------------------ requests
+
+    def handle(self, message: protocol.Message, connection: Connection) -> protocol.Message:
+        """Answer one request from ``connection``'s peer. RequestRefused becomes an Error reply."""
+        if isinstance(message, protocol.Report):
+            return self._report(message, connection)
+        if isinstance(message, protocol.Register):
+            return self._register(message, connection)
+        if isinstance(message, protocol.End):
+            return self._end(message, connection)
+        if isinstance(message, protocol.StatusRequest):
+            return self._status()
+        if isinstance(message, protocol.SetPolicy):
+            return self._set_policy(message, connection)
+        raise RequestRefused("unknown_type", f"{message.TYPE} is a reply, not a request")
+
+    def _register(self, message: protocol.Register, connection: Connection) -> protocol.Message:
+        if connection.job_id is not None:
+            raise RequestRefused("already_registered", f"this connection already registered job {connection.job_id}")
+        peer = connection.peer
+        job_id = self.registry.new_job_id()
+        try:
+            cgroup = self.backend.create(job_id)
+            self.backend.attach(job_id, peer.pid)
+        except BackendError as exc:
+            self.backend_failures += 1
+            self._remove_group(job_id, "registration failed")
+            raise RequestRefused("backend_failed", f"could not put pid {peer.pid} into a group of its own: {exc}")
+        faults.hit("register.after_cgroup")
+        self.registry.register(
+            job_id, name=message.name, uid=peer.uid, gpus=message.gpus, launcher_pid=peer.pid, cgroup=cgroup,
+            requested_workers=message.num_workers, features=message.features,
+        )
+        connection.job_id = job_id
+        connection.verified_jobs.add(job_id)
+        log.info("job %s (%s) registered by pid %d (uid %d), %d GPU(s), group %s",
+                 job_id, message.name, peer.pid, peer.uid, message.gpus, cgroup)
+        self._notify("arrival")
+        self.save()
+        return protocol.Registered(job_id=job_id, cgroup=cgroup, backend=self.backend.name)
+
+    def _report(self, message: protocol.Report, connection: Connection) -> protocol.Message:
+        job = self._known_job(message.job_id)
+        if job.job_id not in connection.verified_jobs:
+            if not peer_belongs_to_job(
+                connection.peer.pid, job.job_id, self.config.group, self.backend.pids, self.config.proc
+            ):
+                raise RequestRefused(
+                    "forbidden", f"pid {connection.peer.pid} is not in job {job.job_id}'s group: a process may "
+                    "report only for the job it runs in"
+                )
+            connection.verified_jobs.add(job.job_id)
+        self.registry.record_report(job.job_id, message)
+        return protocol.Target(num_workers=job.allocation.workers, cores=job.allocation.cores)
+
+    def _end(self, message: protocol.End, connection: Connection) -> protocol.Message:
+        job = self._known_job(message.job_id)
+        if not (connection.peer.is_root or connection.peer.uid == job.uid):
+            raise RequestRefused("forbidden", f"job {job.job_id} belongs to uid {job.uid}; only it or root may end it")
+        self.registry.end(job.job_id, message.exit_code)
+        log.info("job %s (%s) ended with exit code %d", job.job_id, job.name, message.exit_code)
+        self._notify("departure")
+        return protocol.Ok()
+
+    def _set_policy(self, message: protocol.SetPolicy, connection: Connection) -> protocol.Message:
+        if not connection.peer.is_root:
+            raise RequestRefused("forbidden", "only root may change the node's policy")
+        try:
+            policy = make_policy(message.policy)
+        except PolicyError as exc:
+            raise RequestRefused("bad_policy", str(exc)) from None
+        log.info("policy changed from %s to %s by pid %d", self.loop.policy.name, policy.name, connection.peer.pid)
+        self.loop.policy = policy
+        self._notify("policy_change")
+        self.save()
+        return protocol.Ok()
+
+    def _status(self) -> protocol.Message:
+        data = self.snapshot().to_dict()
+        jobs = data.pop("jobs")
+        return protocol.Status(node=data, jobs=jobs)
+
+    def _known_job(self, job_id: str) -> Job:
+        job = self.registry.get(job_id)
+        if job is None:
+            raise RequestRefused("unknown_job", f"no job {job_id!r} is registered with this controller")
+        return job
+
+    def _connection_closed(self, connection: Connection) -> None:
+        if connection.job_id is not None and connection.job_id in self.registry:
+            log.info("job %s: launcher connection closed", connection.job_id)
+            self.registry.disconnected(connection.job_id)
+            if self._wake is not None:
+                self._wake.set()
+
+    def _notify(self, event: str) -> None:
+        self._events.add(event)
+        if self._wake is not None:
+            self._wake.set()
+
+    def _count_error(self, code: str) -> None:
+        self.errors[code] += 1
+
+    # ------------------------------------------------------------------ reading
+
+    def snapshot(self) -> NodeSnapshot:
+        jobs = tuple(
+            self.registry.snapshot(job, pids=self._pids(job.job_id), cpu_seconds=self._cpu_seconds(job.job_id))
+            for job in self.registry
+        )
+        return NodeSnapshot(
+            version=__version__, policy=self.loop.policy.name, backend=self.backend.name,
+            started_at=self.started_at, period_s=self.config.period_s, cpus=self.node.cpus,
+            read_bps=self.node.read_bps, read_device=self.node.read_device, jobs=jobs,
+            connected_clients=self.server.clients, last_loop_seconds=self.loop.last_step_seconds,
+            reallocations_total=dict(self.loop.reallocations), errors_total=dict(self.errors),
+            state_write_failures_total=self.state_write_failures, state_corruptions_total=self.state_corruptions,
+            backend_failures_total=self.backend_failures + self.loop.backend_failures,
+        )
+
+    def _pids(self, job_id: str) -> set[int]:
+        try:
+            return self.backend.pids(job_id)
+        except BackendError:
+            return set()
+
+    def _cpu_seconds(self, job_id: str) -> float:
+        if "cpu_accounting" not in self.backend.capabilities:
+            return 0.0
+        try:
+            return self.backend.cpu_seconds(job_id)
+        except BackendError:
+            return 0.0

@@ -1,0 +1,115 @@
+"""One control step: registry -> policy -> reconciler -> backend.
+
+The policy decides from plain data; the reconciler writes only what changed (and logs
+each write and each failure). This module sits between them: it records each job's
+decision in the registry, logs each new decision once at INFO with the reason it was
+made, and counts reallocations by reason and backend failures.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from controller import faults
+from controller.backends.base import ResourceBackend
+from controller.cpuspec import format_cpus
+from controller.policies.base import JobAllocation, NodeResources, Policy
+from controller.reconciler import Change, Failure, reconcile
+from controller.registry import Registry
+
+log = logging.getLogger(__name__)
+
+REASON_PRIORITY = ("policy_change", "adoption", "arrival", "departure")
+"""When several events happened since the last step, a reallocation is counted under the
+first of these; with none of them the policy acted on new measurements: "gain"."""
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    wanted: dict[str, JobAllocation]
+    changes: list[Change]
+    failures: list[Failure]
+    reason: str | None
+    """Why the decision changed, None when it did not (no reallocation)."""
+    seconds: float
+
+
+class ControlLoop:
+    """Holds what the kernel has been given (``applied``) between steps, and the counters."""
+
+    def __init__(
+        self, backend: ResourceBackend, node: NodeResources, policy: Policy,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.backend = backend
+        self.node = node
+        self.policy = policy
+        self.applied: dict[str, JobAllocation] = {}
+        self.reallocations: Counter[str] = Counter()
+        self.backend_failures = 0
+        self.last_step_seconds = 0.0
+        self._clock = clock
+
+    def forget(self, job_id: str) -> None:
+        """The job is gone: nothing of it is applied any more."""
+        self.applied.pop(job_id, None)
+
+    def step(self, registry: Registry, events: Iterable[str] = ()) -> StepOutcome:
+        """Decide, record and apply once. ``events`` are what happened since the last step
+        ("arrival", "departure", "policy_change", "adoption"): they name the reason."""
+        start = self._clock()
+        views = registry.views(self.applied)
+        wanted = {view.job_id: JobAllocation() for view in views}
+        wanted.update({k: v for k, v in self.policy.allocate(self.node, views).items() if k in wanted})
+        reason = _reason(set(events))
+        changed = False
+        for view in views:
+            new = wanted[view.job_id]
+            first = view.job_id not in self.applied  # arrived, or adopted from an earlier run
+            old = JobAllocation() if first else view.current
+            if registry.set_allocation(view.job_id, new) or (first and new != old):
+                changed = True
+                log.info(
+                    "job %s (%s): %s (policy %s, reason: %s)", view.job_id, view.name,
+                    describe_change(old, new), self.policy.name, reason,
+                )
+        if changed:
+            self.reallocations[reason] += 1
+        result = reconcile(self.backend, self.node, wanted, {k: v for k, v in self.applied.items() if k in wanted})
+        self.applied = {**{k: v for k, v in self.applied.items() if k not in wanted}, **result.applied}
+        self.backend_failures += len(result.failures)
+        faults.hit("loop.after_reconcile")
+        self.last_step_seconds = self._clock() - start
+        return StepOutcome(
+            wanted=wanted, changes=list(result.changes), failures=list(result.failures),
+            reason=reason if changed else None, seconds=self.last_step_seconds,
+        )
+
+
+def _reason(events: set[str]) -> str:
+    return next((r for r in REASON_PRIORITY if r in events), "gain")
+
+
+def describe_change(old: JobAllocation, new: JobAllocation) -> str:
+    """"cores 1.00 -> 0.50, workers 2 -> 1": the fields that differ, for the decision log."""
+    parts = []
+    for field_, fmt in (("cores", _cores), ("cpus", format_cpus), ("read_bps", _bps), ("workers", str)):
+        before, after = getattr(old, field_), getattr(new, field_)
+        if before != after:
+            parts.append(f"{field_} {_or_unset(before, fmt)} -> {_or_unset(after, fmt)}")
+    return ", ".join(parts) or "unchanged"
+
+
+def _or_unset(value: object, fmt: Callable[..., str]) -> str:
+    return "unset" if value is None else fmt(value)
+
+
+def _cores(value: float) -> str:
+    return f"{value:.2f}"
+
+
+def _bps(value: int) -> str:
+    return f"{value / 1e6:.1f}MB/s"

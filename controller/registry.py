@@ -1,0 +1,362 @@
+"""The controller's picture of its jobs: who registered, what each rank reported, and the
+rates derived from those reports over a sliding window.
+
+Reports carry cumulative counters (samples, data-wait and compute seconds, loader CPU
+seconds, bytes read). Rates are differences between the oldest and newest report of
+each rank inside the window, summed over ranks:
+
+- achieved T = d(samples)/dt, the job's samples/s;
+- data-wait ratio = d(data_wait_s) / (d(data_wait_s) + d(compute_s));
+- measured max throughput M = d(samples)/d(compute_s): the rate if data never stalled;
+- loader CPU seconds per sample p = d(worker_cpu_s)/d(samples);
+- bytes read per sample b = d(read_bytes)/d(samples).
+
+The registry does no I/O: the daemon hands it pids and CPU seconds read from the
+backend when it asks for snapshots. It builds the policy's JobViews and the
+read-only JobSnapshots; it never decides anything.
+"""
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Mapping
+
+from adloader.protocol import Report
+from controller.policies.base import JobAllocation, JobView
+from controller.snapshot import JobSnapshot
+from controller.state import PersistedJob
+
+log = logging.getLogger(__name__)
+
+Predictor = Callable[[dict[str, float], int], "tuple[float, float, float] | None"]
+"""(features, gpus) -> (M, low, high) samples/s, or None when it cannot tell."""
+JobFinishedHook = Callable[[JobSnapshot], None]
+
+LOADER_BOUND_WAIT_RATIO = 0.05
+"""A window in which the job waited for data at least this share of its step time says
+how fast the loader runs at the job's current cores: it becomes a loading-curve point."""
+MAX_CURVE_POINTS = 16
+
+
+@dataclass(frozen=True)
+class Rates:
+    """What the reports of one job say over the window (None: not enough data yet)."""
+
+    achieved: float | None = None
+    data_wait_ratio: float | None = None
+    max_throughput: float | None = None
+    cpu_s_per_sample: float | None = None
+    bytes_per_sample: float | None = None
+    window_start: float | None = None
+    """Monotonic time of the oldest report the rates use."""
+
+
+@dataclass
+class Job:
+    """One registered job. Mutable; only the registry changes it."""
+
+    job_id: str
+    name: str
+    uid: int
+    gpus: int
+    launcher_pid: int
+    registered_at: float
+    """Unix time of registration."""
+    arrival_s: float
+    """Seconds since this controller started (negative for jobs adopted from an earlier run)."""
+    cgroup: str
+    requested_workers: int | None = None
+    features: dict[str, float] | None = None
+    predicted: tuple[float, float, float] | None = None
+    """(M, low, high) from the predictor, until measurements take over."""
+    remaining_samples: float | None = None
+    allocation: JobAllocation = field(default_factory=JobAllocation)
+    """The policy's latest decision for the job (the Target replies carry it)."""
+    allocation_since: float = 0.0
+    """Monotonic time the decision last changed: older reports say nothing about it."""
+    connected: bool = True
+    """The launcher's registration connection is open."""
+    exit_code: int | None = None
+    """Set by End: the command has exited and the job no longer gets a share."""
+    adopted: bool = False
+    ranks: dict[int, deque[tuple[float, Report]]] = field(default_factory=dict)
+    loading_curve: dict[float, float] = field(default_factory=dict)
+    """cores -> loading samples/s measured while the job was loader-bound."""
+
+    @property
+    def ended(self) -> bool:
+        return self.exit_code is not None
+
+
+class Registry:
+    """Jobs by id, plus the windowed rates of their reports."""
+
+    def __init__(
+        self,
+        *,
+        window_s: float = 5.0,
+        predictor: Predictor | None = None,
+        on_job_finished: JobFinishedHook | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.window_s = window_s
+        self._predictor = predictor
+        self._on_job_finished = on_job_finished
+        self._clock = clock
+        self._wall_clock = wall_clock
+        self._started_wall = wall_clock()
+        self._jobs: dict[str, Job] = {}
+
+    # ------------------------------------------------------------------ the job set
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._jobs
+
+    def __iter__(self) -> Iterator[Job]:
+        return iter(sorted(self._jobs.values(), key=lambda j: (j.arrival_s, j.job_id)))
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    def get(self, job_id: str) -> Job | None:
+        return self._jobs.get(job_id)
+
+    def new_job_id(self) -> str:
+        """A fresh id that names a cgroup directory: "j" and 8 hex digits."""
+        while True:
+            job_id = "j" + secrets.token_hex(4)
+            if job_id not in self._jobs:
+                return job_id
+
+    def register(
+        self,
+        job_id: str,
+        *,
+        name: str,
+        uid: int,
+        gpus: int,
+        launcher_pid: int,
+        cgroup: str,
+        requested_workers: int | None = None,
+        features: dict[str, float] | None = None,
+    ) -> Job:
+        now = self._wall_clock()
+        job = Job(
+            job_id=job_id, name=name, uid=uid, gpus=gpus, launcher_pid=launcher_pid, registered_at=now,
+            arrival_s=now - self._started_wall, cgroup=cgroup, requested_workers=requested_workers,
+            features=features, allocation_since=self._clock(),
+        )
+        job.predicted = self._predict(job)
+        self._jobs[job_id] = job
+        return job
+
+    def adopt(self, persisted: PersistedJob) -> Job:
+        """Take over a job an earlier controller registered; its launcher's connection is gone."""
+        job = Job(
+            job_id=persisted.job_id, name=persisted.name, uid=persisted.uid, gpus=persisted.gpus,
+            launcher_pid=persisted.launcher_pid, registered_at=persisted.registered_at,
+            arrival_s=persisted.registered_at - self._started_wall, cgroup=persisted.cgroup,
+            requested_workers=persisted.requested_workers, features=persisted.features,
+            remaining_samples=persisted.remaining_samples, allocation=persisted.allocation,
+            allocation_since=self._clock(), connected=False, adopted=True,
+        )
+        job.predicted = self._predict(job)
+        self._jobs[job.job_id] = job
+        return job
+
+    def remove(self, job_id: str, *, pids: set[int], cpu_seconds: float) -> JobSnapshot | None:
+        """Forget the job; hand its final snapshot to the on_job_finished hook (job history)."""
+        job = self._jobs.pop(job_id, None)
+        if job is None:
+            return None
+        final = self.snapshot(job, pids=pids, cpu_seconds=cpu_seconds)
+        if self._on_job_finished is not None:
+            try:
+                self._on_job_finished(final)
+            except Exception:  # a history bug must not stop the controller from freeing the job
+                log.exception("on_job_finished hook failed for job %s", job_id)
+        return final
+
+    def persisted(self) -> dict[str, PersistedJob]:
+        """What the state file keeps of every job."""
+        return {
+            job.job_id: PersistedJob(
+                job_id=job.job_id, name=job.name, uid=job.uid, gpus=job.gpus, launcher_pid=job.launcher_pid,
+                registered_at=job.registered_at, cgroup=job.cgroup, allocation=job.allocation,
+                requested_workers=job.requested_workers, features=job.features,
+                remaining_samples=job.remaining_samples,
+            )
+            for job in self
+        }
+
+    # ------------------------------------------------------------------ events
+
+    def record_report(self, job_id: str, report: Report) -> None:
+        """Add one rank's cumulative counters. A rank whose counters went backwards restarted:
+        its window starts over."""
+        job = self._jobs[job_id]
+        now = self._clock()
+        window = job.ranks.setdefault(report.rank, deque())
+        if window and report.samples < window[-1][1].samples:
+            window.clear()
+        window.append((now, report))
+        while len(window) > 1 and window[0][0] < now - self.window_s:
+            window.popleft()
+        if report.features and not job.features:
+            job.features = dict(report.features)
+            job.predicted = self._predict(job)
+        self._note_loading_point(job)
+
+    def set_allocation(self, job_id: str, allocation: JobAllocation) -> bool:
+        """Record the policy's decision; True if it changed."""
+        job = self._jobs[job_id]
+        if job.allocation == allocation:
+            return False
+        job.allocation = allocation
+        job.allocation_since = self._clock()
+        return True
+
+    def disconnected(self, job_id: str) -> None:
+        job = self._jobs.get(job_id)
+        if job is not None:
+            job.connected = False
+
+    def end(self, job_id: str, exit_code: int) -> None:
+        self._jobs[job_id].exit_code = exit_code
+
+    # ------------------------------------------------------------------ derived
+
+    def rates(self, job: Job) -> Rates:
+        """Windowed rates summed over the ranks that reported at least twice in the window."""
+        now = self._clock()
+        samples = wait = compute = cpu = read = achieved = max_tp = 0.0
+        have_tp = False
+        start: float | None = None
+        for window in job.ranks.values():
+            points = [(t, r) for t, r in window if t >= now - self.window_s]
+            if len(points) < 2:
+                continue
+            (t0, first), (t1, last) = points[0], points[-1]
+            if t1 <= t0:
+                continue
+            d_samples = last.samples - first.samples
+            d_compute = last.compute_s - first.compute_s
+            samples += d_samples
+            wait += last.data_wait_s - first.data_wait_s
+            compute += d_compute
+            cpu += last.worker_cpu_s - first.worker_cpu_s
+            read += last.read_bytes - first.read_bytes
+            achieved += d_samples / (t1 - t0)
+            if d_compute > 0:
+                max_tp += d_samples / d_compute
+                have_tp = True
+            start = t0 if start is None else min(start, t0)
+        if start is None:
+            return Rates()
+        step = wait + compute
+        return Rates(
+            achieved=achieved,
+            data_wait_ratio=wait / step if step > 0 else None,
+            max_throughput=max_tp if have_tp and samples > 0 else None,
+            cpu_s_per_sample=cpu / samples if samples > 0 else None,
+            bytes_per_sample=read / samples if samples > 0 else None,
+            window_start=start,
+        )
+
+    def views(self, applied: Mapping[str, JobAllocation]) -> list[JobView]:
+        """What the policy sees: every job that has not ended, oldest first. ``current`` is the
+        allocation in force (``applied``), else the last decision (adopted jobs at the first loop)."""
+        views = []
+        for job in self:
+            if job.ended:
+                continue
+            rates = self.rates(job)
+            max_tp, interval = rates.max_throughput, None
+            if max_tp is None and job.predicted is not None:
+                max_tp, interval = job.predicted[0], (job.predicted[1], job.predicted[2])
+            views.append(
+                JobView(
+                    job_id=job.job_id, name=job.name, gpus=job.gpus, ranks=self._ranks(job),
+                    requested_workers=job.requested_workers, arrival_s=job.arrival_s,
+                    max_throughput=max_tp, max_throughput_interval=interval,
+                    cpu_s_per_sample=rates.cpu_s_per_sample, bytes_per_sample=rates.bytes_per_sample,
+                    loading_curve=tuple(sorted(job.loading_curve.items())), achieved=rates.achieved,
+                    remaining_samples=job.remaining_samples, current=applied.get(job.job_id, job.allocation),
+                )
+            )
+        return views
+
+    def snapshot(self, job: Job, *, pids: set[int], cpu_seconds: float) -> JobSnapshot:
+        rates = self.rates(job)
+        latest = [window[-1][1] for window in job.ranks.values() if window]
+        max_tp = rates.max_throughput or (job.predicted[0] if job.predicted else None)
+        idle = None
+        if rates.achieved is not None and max_tp:
+            idle = min(1.0, max(0.0, 1.0 - rates.achieved / max_tp))
+        if job.ended:
+            state = "gone"
+        elif latest:
+            state = "running"
+        else:
+            state = "starting"
+        alloc = job.allocation
+        return JobSnapshot(
+            job_id=job.job_id, name=job.name, uid=job.uid, gpus=job.gpus, state=state,
+            launcher_pid=job.launcher_pid, pids=tuple(sorted(pids)), cgroup=job.cgroup,
+            registered_at=job.registered_at, ranks_reporting=self._ranks_reporting(job),
+            batch_size=latest[0].batch_size if latest else None,
+            cores=alloc.cores, cpus=alloc.cpus, read_bps=alloc.read_bps, workers_target=alloc.workers,
+            workers_running=sum(r.num_workers for r in latest), achieved_sps=rates.achieved,
+            max_sps_predicted=job.predicted[0] if job.predicted else None,
+            max_sps_predicted_interval=(job.predicted[1], job.predicted[2]) if job.predicted else None,
+            max_sps_measured=rates.max_throughput, gpu_idle_ratio=idle, data_wait_ratio=rates.data_wait_ratio,
+            samples_total=sum(r.samples for r in latest),
+            data_wait_seconds_total=sum(r.data_wait_s for r in latest),
+            compute_seconds_total=sum(r.compute_s for r in latest),
+            loader_cpu_seconds_total=sum(r.worker_cpu_s for r in latest),
+            read_bytes_total=sum(r.read_bytes for r in latest),
+            cpu_seconds_total=cpu_seconds,
+        )
+
+    # ------------------------------------------------------------------ helpers
+
+    def _predict(self, job: Job) -> tuple[float, float, float] | None:
+        if self._predictor is None or not job.features:
+            return None
+        try:
+            return self._predictor(job.features, job.gpus)
+        except Exception:  # a model bug must not refuse a job; it just starts unpredicted
+            log.exception("throughput prediction failed for job %s (%s)", job.job_id, job.name)
+            return None
+
+    def _ranks_reporting(self, job: Job) -> int:
+        now = self._clock()
+        return sum(1 for window in job.ranks.values() if window and window[-1][0] >= now - self.window_s)
+
+    def _ranks(self, job: Job) -> int:
+        latest = [window[-1][1] for window in job.ranks.values() if window]
+        return max([1, self._ranks_reporting(job), *(r.world_size for r in latest)])
+
+    def _note_loading_point(self, job: Job) -> None:
+        """While the job waits for data, its achieved rate is its loader's rate at its cores."""
+        cores = job.allocation.cores
+        if cores is None:
+            return
+        rates = self.rates(job)
+        if (
+            rates.achieved is None
+            or rates.data_wait_ratio is None
+            or rates.data_wait_ratio < LOADER_BOUND_WAIT_RATIO
+            or rates.window_start is None
+            or rates.window_start < job.allocation_since
+        ):
+            return
+        key = round(cores, 2)
+        job.loading_curve.pop(key, None)  # re-insert: the dict's order is the points' recency
+        job.loading_curve[key] = rates.achieved
+        while len(job.loading_curve) > MAX_CURVE_POINTS:
+            job.loading_curve.pop(next(iter(job.loading_curve)))

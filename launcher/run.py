@@ -1,0 +1,175 @@
+"""``adloader run``: register the job, then run its command inside the job's cgroup.
+
+Order matters: the controller moves the launcher itself into the job's group while
+answering Register, so the command, every rank torchrun starts and every loader
+worker are born inside it. The registration connection stays open while the command
+runs: the controller reads its closing as "the launcher is gone".
+
+Signals: SIGINT, SIGTERM, SIGHUP and SIGQUIT are forwarded to the command, except
+those the terminal sent (si_code SI_KERNEL): the terminal already delivered them
+to the command, which shares our process group, and a second Ctrl-C would cut its
+clean-up short. The launcher exits with the command's exit code, or 128+N when the
+command was killed by signal N, as a shell does.
+
+No controller listening is normal: one warning line, and the command runs unmanaged.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from adloader import env, protocol
+from adloader.client import ControllerClient
+from adloader.errors import ControllerRefused, ControllerUnavailable
+
+log = logging.getLogger(__name__)
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+SI_KERNEL = 0x80
+"""siginfo si_code of a signal the kernel sent itself (the terminal's Ctrl-C, Ctrl-\\, hangup)."""
+EXIT_NOT_FOUND = 127
+EXIT_NOT_EXECUTABLE = 126
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    command: tuple[str, ...]
+    name: str
+    gpus: int
+    num_workers: int | None = None
+    features: dict[str, float] | None = None
+
+
+def gpus_from_environment(environ: Mapping[str, str]) -> int:
+    """GPUs named by CUDA_VISIBLE_DEVICES, counted as CUDA does (up to the first invalid
+    entry such as -1). Unset: 1, so an unconfigured job still counts in GPU-weighted
+    decisions; set but empty: 0."""
+    value = environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return 1
+    count = 0
+    for entry in value.split(","):
+        entry = entry.strip()
+        if not entry or entry.startswith("-"):
+            break
+        count += 1
+    return count
+
+
+def default_name(command: Sequence[str]) -> str:
+    """The training script's file name when the command names one (``torchrun ... train.py``),
+    else the program's name."""
+    script = next((arg for arg in command[1:] if arg.endswith(".py") and not arg.startswith("-")), None)
+    return Path(script or command[0]).name
+
+
+class ManagedJob:
+    """The launcher's registration: its open connection and the id the controller gave."""
+
+    def __init__(self, client: ControllerClient, job_id: str, socket_path: str) -> None:
+        self.client = client
+        self.job_id = job_id
+        self.socket_path = socket_path
+
+    def end(self, exit_code: int) -> None:
+        """Tell the controller the command exited. A controller restarted meanwhile gets it on
+        a fresh connection; none listening at all is fine (it notices the group empty)."""
+        message = protocol.End(job_id=self.job_id, exit_code=exit_code)
+        for _ in range(2):
+            try:
+                self.client.request(message)
+                break
+            except ControllerUnavailable:
+                continue
+            except ControllerRefused as exc:
+                log.debug("controller refused End for job %s: %s", self.job_id, exc)
+                break
+        self.client.close()
+
+
+def register(request: JobRequest, socket_path: str) -> ManagedJob | None:
+    """Register with the controller (which moves this process into the job's group).
+    None, after one warning line, when the job must run unmanaged."""
+    client = ControllerClient(socket_path, timeout=10.0)
+    message = protocol.Register(
+        name=request.name, gpus=request.gpus, num_workers=request.num_workers, features=request.features
+    )
+    try:
+        reply = client.request(message)
+    except ControllerUnavailable as exc:
+        log.warning("%s; running %s unmanaged", exc, request.name)
+        return None
+    except ControllerRefused as exc:
+        client.close()
+        log.warning("the controller refused job %s (%s: %s); running it unmanaged", request.name, exc.code,
+                    exc.message)
+        return None
+    if not isinstance(reply, protocol.Registered):
+        client.close()
+        log.warning("the controller answered Register with %s; running %s unmanaged", reply.TYPE, request.name)
+        return None
+    log.info("job %s registered as %s (%s backend, group %s)", request.name, reply.job_id, reply.backend,
+             reply.cgroup)
+    return ManagedJob(client, reply.job_id, socket_path)
+
+
+def run_job(request: JobRequest, socket_path: str, environ: Mapping[str, str] | None = None) -> int:
+    """Register, run the command to its end, tell the controller; returns the exit code."""
+    environ = os.environ if environ is None else environ
+    managed = register(request, socket_path)
+    command_env = dict(environ)
+    if managed is not None:
+        command_env = env.managed_environment(environ, socket_path, managed.job_id)
+    exit_code = supervise(request.command, command_env)
+    if managed is not None:
+        managed.end(exit_code)
+    return exit_code
+
+
+def supervise(command: Sequence[str], environ: Mapping[str, str]) -> int:
+    """Run ``command``, forwarding signals to it, and return its exit code (128+N if killed by N).
+
+    Signals are blocked and taken with sigwaitinfo, so none is lost between the spawn and
+    the wait, and the terminal's own signals can be told apart from kill(2)'s."""
+    watched = {signal.SIGCHLD, *FORWARDED_SIGNALS}
+    previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
+    try:
+        try:
+            pid = os.posix_spawnp(
+                command[0], list(command), dict(environ),
+                setsigmask=previous_mask,
+                # Python ignores these two; a command expects the defaults (as subprocess's restore_signals).
+                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+            )
+        except FileNotFoundError:
+            log.error("command not found: %s", command[0])
+            return EXIT_NOT_FOUND
+        except PermissionError:
+            log.error("command not executable: %s", command[0])
+            return EXIT_NOT_EXECUTABLE
+        while True:
+            info = signal.sigwaitinfo(watched)
+            if info.si_signo == signal.SIGCHLD:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done == pid:
+                    return exit_code_of(status)
+                continue
+            if info.si_code == SI_KERNEL:
+                continue  # from the terminal: the command, in our process group, has it already
+            log.debug("forwarding %s to pid %d", signal.Signals(info.si_signo).name, pid)
+            try:
+                os.kill(pid, info.si_signo)
+            except ProcessLookupError:
+                pass
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+
+
+def exit_code_of(wait_status: int) -> int:
+    """A shell's view of a wait status: the exit code, or 128+N for death by signal N."""
+    code = os.waitstatus_to_exitcode(wait_status)
+    return 128 - code if code < 0 else code
