@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 from pathlib import Path
 from typing import Iterator
 
@@ -12,40 +11,21 @@ import pytest
 from controller.backends.base import BackendError
 from controller.backends.blockdev import read_device_of
 from controller.backends.cgroup_v1 import CgroupV1Backend
-from controller.backends.cgroupfs import drain_and_rmdir, read_pid_list, write_interface
+from controller.backends.cgroupfs import read_pid_list, write_interface
+from fixtures.cgroup_v1 import HIERARCHIES, ROOT, needs_v1, remove_group, unique_group
 from fixtures.processes import BUSY, FORK_ON_GO, SLEEP, Children, children, fork_after_go  # noqa: F401
 
-ROOT = Path("/sys/fs/cgroup")
-HIERARCHIES = ("cpu", "cpuacct", "cpuset", "blkio")
 DISK = "254:0"
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or not os.access(ROOT / "cpu" / "cpu.cfs_quota_us", os.W_OK),
-    reason="needs root and a writable cgroup v1 cpu hierarchy at /sys/fs/cgroup/cpu",
-)
+pytestmark = needs_v1
 
 
 @pytest.fixture
 def backend(children: Children) -> Iterator[CgroupV1Backend]:
-    group = f"adloader-test-{uuid.uuid4().hex[:8]}"
+    group = unique_group()
     yield CgroupV1Backend(group=group, root=ROOT)
     children.kill_all()
-    for hierarchy in HIERARCHIES:
-        group_dir = ROOT / hierarchy / group
-        if not group_dir.exists():
-            continue
-        for job_dir in (d for d in group_dir.iterdir() if d.is_dir()):
-            _drain_to_root(job_dir, hierarchy)
-        _drain_to_root(group_dir, hierarchy)
-
-
-def _drain_to_root(directory: Path, hierarchy: str) -> None:
-    root_procs = ROOT / hierarchy / "cgroup.procs"
-    drain_and_rmdir(
-        directory,
-        lambda: read_pid_list(directory / "cgroup.procs"),
-        lambda pid: write_interface(root_procs, str(pid), "test cleanup"),
-    )
+    remove_group(group)
 
 
 def _read(backend: CgroupV1Backend, hierarchy: str, job: str | None, name: str) -> str:

@@ -43,20 +43,20 @@ class CgroupV1Backend:
 
     def __init__(self, group: str = "adloader", root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc")) -> None:
         self.group = check_name(group, "cgroup name")
-        self._root = Path(root)
+        self.root = Path(root)
         self._proc = Path(proc)
-        if not (self._root / "cpu").is_dir():
+        if not (self.root / "cpu").is_dir():
             raise BackendError(
-                f"no cgroup v1 cpu hierarchy at {self._root / 'cpu'}: mount it "
+                f"no cgroup v1 cpu hierarchy at {self.root / 'cpu'}: mount it "
                 "(mount -t cgroup -o cpu cgroup /sys/fs/cgroup/cpu), or use --backend cgroup-v2 / affinity"
             )
-        self._hierarchies = tuple(h for h in _CAPABILITY_OF_HIERARCHY if (self._root / h).is_dir())
+        self._hierarchies = tuple(h for h in _CAPABILITY_OF_HIERARCHY if (self.root / h).is_dir())
         self.capabilities = frozenset({"groups"} | {_CAPABILITY_OF_HIERARCHY[h] for h in self._hierarchies})
 
     # -- paths -------------------------------------------------------------------------------
     def _node(self, hierarchy: str, job_id: str | None = None) -> Node:
         """The cgroupspy node of the group (or of the job's group when ``job_id`` is given)."""
-        node = Node(hierarchy, parent=Node(str(self._root)))
+        node = Node(hierarchy, parent=Node(str(self.root)))
         node = Node(self.group, parent=node)
         return Node(check_name(job_id), parent=node) if job_id is not None else node
 
@@ -66,7 +66,7 @@ class CgroupV1Backend:
     def _require(self, capability: str, hierarchy: str) -> None:
         if hierarchy not in self._hierarchies:
             raise BackendError(
-                f"the {hierarchy} hierarchy is not mounted at {self._root / hierarchy}, so {capability} "
+                f"the {hierarchy} hierarchy is not mounted at {self.root / hierarchy}, so {capability} "
                 "cannot be enforced: mount it, or leave that resource unmanaged"
             )
 

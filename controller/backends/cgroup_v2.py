@@ -38,14 +38,14 @@ class CgroupV2Backend:
 
     def __init__(self, group: str = "adloader", root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc")) -> None:
         self.group = check_name(group, "cgroup name")
-        self._root = Path(root)
+        self.root = Path(root)
         self._proc = Path(proc)
-        if not (self._root / "cgroup.controllers").is_file():
+        if not (self.root / "cgroup.controllers").is_file():
             raise BackendError(
-                f"{self._root} is not a cgroup v2 mount (no cgroup.controllers there): pass the unified "
+                f"{self.root} is not a cgroup v2 mount (no cgroup.controllers there): pass the unified "
                 "hierarchy's mount point (see `mount -t cgroup2`), or use --backend cgroup-v1 / affinity"
             )
-        offered = _controllers(self._root / "cgroup.controllers")
+        offered = _controllers(self.root / "cgroup.controllers")
         self._controllers = tuple(c for c in _CAPABILITY_OF_CONTROLLER if c in offered)
         # cpu.stat (usage_usec) is a core file of every v2 group, with or without the cpu controller.
         self.capabilities = frozenset(
@@ -53,13 +53,13 @@ class CgroupV2Backend:
         )
 
     def _dir(self, job_id: str | None = None) -> Path:
-        group_dir = self._root / self.group
+        group_dir = self.root / self.group
         return group_dir / check_name(job_id) if job_id is not None else group_dir
 
     def _require(self, capability: str, controller: str) -> None:
         if controller not in self._controllers:
             raise BackendError(
-                f"the {controller} controller is not offered in {self._root / 'cgroup.controllers'}, so "
+                f"the {controller} controller is not offered in {self.root / 'cgroup.controllers'}, so "
                 f"{capability} cannot be enforced: enable it in the parent's cgroup.subtree_control "
                 "(or boot without cgroup_no_v1 / systemd legacy mode binding it to v1)"
             )
@@ -77,7 +77,7 @@ class CgroupV2Backend:
         job_dir = self._dir(job_id)
         with kernel_call(job_dir, "creating the job's group"):
             self._dir().mkdir(exist_ok=True)
-        self._enable_subtree(self._root)
+        self._enable_subtree(self.root)
         self._enable_subtree(self._dir())
         with kernel_call(job_dir, "creating the job's group"):
             job_dir.mkdir(exist_ok=True)
@@ -124,7 +124,7 @@ class CgroupV2Backend:
         # v2 forbids processes in a group whose subtree has controllers enabled (our group
         # directory), so live pids go to the root of the hierarchy instead.
         job_dir = self._dir(job_id)
-        root_procs = self._root / "cgroup.procs"
+        root_procs = self.root / "cgroup.procs"
         drain_and_rmdir(
             job_dir,
             lambda: read_pid_list(job_dir / "cgroup.procs"),
