@@ -93,12 +93,10 @@ class StateStore:
         temp = self.directory / TEMP_FILE
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            try:
-                os.write(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            with open(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as file:
+                file.write(data)  # a buffered write: a short write is retried, never left truncated
+                file.flush()
+                os.fsync(file.fileno())
             faults.hit("state.after_temp_write")
             os.replace(temp, self.path)
             _fsync_directory(self.directory)
