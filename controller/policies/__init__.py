@@ -19,6 +19,10 @@ from controller.policies.base import (
 _REGISTRY: dict[str, str] = {
     "static": "controller.policies.static:StaticPolicy",
     "even": "controller.policies.even:EvenPolicy",
+    "adaptive": "controller.policies.adaptive:AdaptivePolicy",
+    "jct": "controller.policies.jct:JctPolicy",
+    # benchmarks only: needs ADLOADER_ORACLE_CURVES (see controller/policies/oracle.py)
+    "oracle": "controller.policies.oracle:OraclePolicy",
 }
 
 

@@ -1,0 +1,127 @@
+"""``adaptive``: the product. Gives each job the cores and read bandwidth that keep the
+most GPUs busy, from each job's measured (or predicted) model.
+
+Each period: jobs whose model is known (M and a loading curve, see
+:func:`controller.policies.shares.model_of`) go into the linear program of
+:mod:`controller.policies.lp`, maximising Σ g_j·T_j/M_j; a job not yet measured
+keeps an even share of the node (C/n cores, B/n bandwidth) until its first reports
+arrive. Cores and bandwidth the program leaves over go to the jobs as headroom, so
+nothing is held back idle. Workers follow cores.
+
+Stability: the current allocation (``JobView.current``) is kept unless a job
+arrived or left, or the new one is predicted to raise the objective by more than
+``gain_threshold`` (3% by default): measurement noise never moves cores around.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+from controller.policies import lp
+from controller.policies.base import Allocation, JobAllocation, JobView, NodeResources
+from controller.policies.shares import JobModel, allocations, floors, managed_bandwidth, model_of, spread
+
+
+class AdaptivePolicy:
+    name = "adaptive"
+
+    def __init__(
+        self,
+        gain_threshold: float = 0.03,
+        workers_per_core: float = 1.0,
+        reader_workers_per_core: float = 2.0,
+    ) -> None:
+        self.gain_threshold = gain_threshold
+        self.workers_per_core = workers_per_core
+        self.reader_workers_per_core = reader_workers_per_core
+
+    def weights(self, jobs: Sequence[JobView], models: Mapping[str, JobModel]) -> dict[str, float]:
+        """Objective weight of each modelled job's busy fraction: its GPUs (a job without a
+        GPU counts as one device)."""
+        return {job.job_id: float(max(1, job.gpus)) for job in jobs if job.job_id in models}
+
+    def allocate(self, node: NodeResources, jobs: Sequence[JobView]) -> Allocation:
+        if not jobs:
+            return {}
+        jobs = sorted(jobs, key=lambda j: j.job_id)
+        models = {job.job_id: model for job in jobs if (model := model_of(job)) is not None}
+        weights = self.weights(jobs, models)
+        target = self._target(node, jobs, models, weights)
+        if self._keep_current(node, jobs, models, weights, target):
+            return {job.job_id: job.current for job in jobs}
+        return target
+
+    def _target(
+        self,
+        node: NodeResources,
+        jobs: Sequence[JobView],
+        models: Mapping[str, JobModel],
+        weights: Mapping[str, float],
+    ) -> Allocation:
+        manage_io = managed_bandwidth(node) is not None
+        bandwidth = managed_bandwidth(node) or 0.0
+        n = len(jobs)
+        core_floor, io_floor = floors(node, n)
+        unknown = [job for job in jobs if job.job_id not in models]
+        reserved_cores = {job.job_id: node.cores / n for job in unknown}
+        reserved_io = {job.job_id: bandwidth / n for job in unknown}
+        demands = [
+            lp.JobDemand(
+                job_id=job.job_id,
+                weight=weights[job.job_id],
+                max_throughput=models[job.job_id].max_throughput,
+                lines=models[job.job_id].lines,
+                bytes_per_sample=models[job.job_id].bytes_per_sample,
+                min_cores=core_floor,
+                max_cores=node.cores,
+                min_read_bps=io_floor,
+            )
+            for job in jobs
+            if job.job_id in models
+        ]
+        free_cores = node.cores - sum(reserved_cores.values())
+        free_io = bandwidth - sum(reserved_io.values())
+        solution = lp.solve(demands, free_cores, free_io if manage_io else None)
+        cores = spread(node.cores, {**reserved_cores, **solution.cores})
+        read_bps = None
+        if manage_io:
+            read_bps = spread(bandwidth, {**reserved_io, **solution.read_bps}, floor=io_floor)
+        readers = frozenset(job_id for job_id, model in models.items() if model.is_reader)
+        return allocations(
+            node, jobs, cores, read_bps, readers, self.workers_per_core, self.reader_workers_per_core
+        )
+
+    def _keep_current(
+        self,
+        node: NodeResources,
+        jobs: Sequence[JobView],
+        models: Mapping[str, JobModel],
+        weights: Mapping[str, float],
+        target: Allocation,
+    ) -> bool:
+        """True when the current allocation is complete, fits the node, and the target is
+        not predicted to beat it by more than the threshold."""
+        current = [job.current for job in jobs]
+        if any(a.cores is None or a.workers is None for a in current):
+            return False  # a job arrived, or the previous policy left things unmanaged
+        total = sum(a.cores for a in current if a.cores is not None)
+        if total > node.cores + 1e-6 or total < 0.98 * node.cores:
+            return False  # node changed, or a job left and its cores sit idle
+        if any(a.cores is not None and a.cores < node.min_cores_per_job - 1e-9 for a in current):
+            return False
+        manage_io = managed_bandwidth(node) is not None
+        if manage_io and any(a.read_bps is None for a in current):
+            return False
+
+        def objective(allocation: Mapping[str, JobAllocation]) -> float:
+            value = 0.0
+            for job in jobs:
+                model = models.get(job.job_id)
+                if model is None:
+                    continue
+                given = allocation[job.job_id]
+                cores = given.cores if given.cores is not None else node.cores
+                value += weights[job.job_id] * model.busy(cores, given.read_bps if manage_io else None)
+            return value
+
+        now = objective({job.job_id: job.current for job in jobs})
+        return objective(target) <= now * (1.0 + self.gain_threshold) + 1e-9

@@ -1,0 +1,172 @@
+"""``oracle`` (benchmarks only): the best static allocation on the jobs' true curves.
+
+It ignores everything measured at run time. The benchmark measures each job's curve
+separately beforehand and hands them over as a JSON file named by the environment
+variable ``ADLOADER_ORACLE_CURVES`` (read when the policy is built), or directly as
+the constructor argument. For the live job set it searches every split of the cores
+and bandwidth on a grid (an exact dynamic program over jobs, since the objective
+Σ g_j·T_j/M_j is a sum over jobs) and keeps it for as long as that set lives: the
+limit an allocation without measurement error or adaptation lag can reach.
+
+File format::
+
+    {"jobs": {"<job name>": {"max_throughput": 500.0,
+                             "loading_curve": [[cores, samples_per_s], ...],
+                             "bytes_per_sample": 0.0}}}
+
+Jobs the file does not name get an even share of what is left.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from controller.policies.base import Allocation, JobView, NodeResources, PolicyError
+from controller.policies.shares import JobModel, allocations, floors, managed_bandwidth, spread
+from throughput_model.curves import concave_lines
+
+CURVES_VAR = "ADLOADER_ORACLE_CURVES"
+
+
+def load_true_curves(path: str | os.PathLike[str]) -> dict[str, JobModel]:
+    """Read the benchmark's true-curves file (format in the module docstring)."""
+    try:
+        data = json.loads(Path(path).read_text())
+        models = {}
+        for name, entry in data["jobs"].items():
+            models[name] = JobModel(
+                max_throughput=float(entry["max_throughput"]),
+                lines=concave_lines([(float(c), float(s)) for c, s in entry["loading_curve"]]),
+                bytes_per_sample=float(entry.get("bytes_per_sample", 0.0)),
+            )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise PolicyError(
+            f"cannot read the oracle's true curves from {path}: {exc}; the file is written by "
+            "'adloader bench' (format in controller/policies/oracle.py)"
+        ) from None
+    return models
+
+
+class OraclePolicy:
+    name = "oracle"
+
+    def __init__(
+        self,
+        curves: Mapping[str, JobModel] | None = None,
+        steps: int = 40,
+        workers_per_core: float = 1.0,
+        reader_workers_per_core: float = 2.0,
+    ) -> None:
+        """``curves``: true model per job name; None reads the file named by
+        ``ADLOADER_ORACLE_CURVES``. ``steps``: grid points per resource."""
+        if curves is None:
+            path = os.environ.get(CURVES_VAR)
+            if not path:
+                raise PolicyError(
+                    f"the oracle policy needs the jobs' true curves: set {CURVES_VAR} to a JSON file "
+                    "(adloader bench writes one); it is meant for benchmarks only"
+                )
+            curves = load_true_curves(path)
+        self.curves = dict(curves)
+        self.steps = steps
+        self.workers_per_core = workers_per_core
+        self.reader_workers_per_core = reader_workers_per_core
+        self._memo: dict[tuple, Allocation] = {}
+
+    def allocate(self, node: NodeResources, jobs: Sequence[JobView]) -> Allocation:
+        """The best static split for this job set; the search runs once per set (the answer
+        depends on nothing a job reports), so the controller's loop stays cheap."""
+        if not jobs:
+            return {}
+        jobs = sorted(jobs, key=lambda j: j.job_id)
+        key = (node, tuple((job.job_id, job.name, job.gpus, job.ranks) for job in jobs))
+        if key not in self._memo:
+            if len(self._memo) > 256:
+                self._memo.clear()
+            self._memo[key] = self._search(node, jobs)
+        return self._memo[key]
+
+    def _search(self, node: NodeResources, jobs: Sequence[JobView]) -> Allocation:
+        known = [job for job in jobs if job.name in self.curves]
+        unknown = [job for job in jobs if job.name not in self.curves]
+        bandwidth = managed_bandwidth(node)
+        core_floor, io_floor = floors(node, len(jobs))
+        cores = {job.job_id: node.cores / len(jobs) for job in unknown}
+        io = {job.job_id: (bandwidth or 0.0) / len(jobs) for job in unknown}
+        models = [self.curves[job.name] for job in known]
+        weights = [float(max(1, job.gpus)) for job in known]
+        spare_cores = node.cores - sum(cores.values()) - core_floor * len(known)
+        spare_io = None
+        if bandwidth is not None and any(m.bytes_per_sample > 0 for m in models):
+            spare_io = bandwidth - sum(io.values()) - io_floor * len(known)
+        best_cores, best_io = _best_static_split(
+            models, weights, core_floor, io_floor, spare_cores, spare_io, self.steps
+        )
+        for job, c, b in zip(known, best_cores, best_io):
+            cores[job.job_id] = c
+            io[job.job_id] = b
+        cores = spread(node.cores, cores)
+        read_bps = spread(bandwidth, io, floor=io_floor) if bandwidth is not None else None
+        readers = frozenset(job.job_id for job in known if self.curves[job.name].is_reader)
+        return allocations(
+            node, jobs, cores, read_bps, readers, self.workers_per_core, self.reader_workers_per_core
+        )
+
+
+def _best_static_split(
+    models: Sequence[JobModel],
+    weights: Sequence[float],
+    core_floor: float,
+    io_floor: float,
+    spare_cores: float,
+    spare_io: float | None,
+    steps: int,
+) -> tuple[list[float], list[float]]:
+    """Exhaustive search on a grid: each job gets its floors plus u·Δc cores and v·Δb
+    bytes/s, Σu ≤ steps, Σv ≤ steps, maximising Σ w_j·busy_j (``spare_io`` None: bandwidth
+    is not searched). Exact on the grid by dynamic programming over jobs; ties go to the
+    smaller allocation."""
+    n = len(models)
+    if n == 0:
+        return [], []
+    dc = max(0.0, spare_cores) / steps
+    io_steps = steps if spare_io is not None else 0
+    db = max(0.0, spare_io or 0.0) / steps if io_steps else 0.0
+    grid_u = np.arange(steps + 1)
+    grid_v = np.arange(io_steps + 1)
+    # value[j][u, v]: weighted busy of job j with floor + u·dc cores and v·db bandwidth
+    values = []
+    for model, weight in zip(models, weights):
+        table = np.empty((steps + 1, io_steps + 1))
+        for u in grid_u:
+            for v in grid_v:
+                table[u, v] = weight * model.busy(core_floor + u * dc, io_floor + v * db if io_steps else None)
+        values.append(table)
+    # best[u, v]: best total of the jobs so far using exactly ≤ u and ≤ v units; choice[j] remembers the split
+    best = np.zeros((steps + 1, io_steps + 1))
+    choices = []
+    for table in values:
+        new = np.full_like(best, -np.inf)
+        pick = np.zeros(best.shape + (2,), dtype=int)
+        for u in grid_u:
+            for v in grid_v:
+                # job takes (a, b) units, the jobs before take (u - a, v - b)
+                candidate = table[: u + 1, : v + 1] + best[u::-1, v::-1]
+                flat = int(np.argmax(candidate))  # first maximum: smallest a, then smallest b
+                a, b = np.unravel_index(flat, candidate.shape)
+                new[u, v] = candidate[a, b]
+                pick[u, v] = (a, b)
+        best = new
+        choices.append(pick)
+    u, v = steps, io_steps
+    split: list[tuple[int, int]] = []
+    for pick in reversed(choices):
+        a, b = pick[u, v]
+        split.append((int(a), int(b)))
+        u, v = u - a, v - b
+    split.reverse()
+    return [core_floor + a * dc for a, _ in split], [io_floor + b * db for _, b in split]

@@ -1,0 +1,99 @@
+"""The online loading curve: recovers known curves from noisy windows, stays concave."""
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from throughput_model.curves import (
+    LoadingCurveEstimator,
+    concave_lines,
+    evaluate_lines,
+    fit_concave_curve,
+)
+
+
+def _curve_at(points: tuple[tuple[float, float], ...], cores: float) -> float:
+    return evaluate_lines(concave_lines(points), cores)
+
+
+def test_nothing_known_gives_no_curve_and_a_prior_gives_c_over_p() -> None:
+    assert LoadingCurveEstimator().points() == ()
+    prior = LoadingCurveEstimator(prior_cpu_s_per_sample=0.004)
+    assert _curve_at(prior.points(), 0.5) == pytest.approx(125.0)
+    prior.observe(1.0, 400.0)  # the first observation replaces the prior
+    assert _curve_at(prior.points(), 0.5) == pytest.approx(200.0)
+
+
+def test_linear_loading_is_recovered_from_noisy_windows_and_extrapolated() -> None:
+    rng = random.Random(7)
+    estimator = LoadingCurveEstimator()
+    for _ in range(40):
+        cores = rng.uniform(0.2, 0.8)
+        estimator.observe(cores, 250.0 * cores * rng.uniform(0.95, 1.05))
+    for cores in (0.3, 0.6, 1.5):
+        assert _curve_at(estimator.points(), cores) == pytest.approx(250.0 * cores, rel=0.06)
+
+
+def test_saturating_loading_is_recovered() -> None:
+    rng = random.Random(3)
+    estimator = LoadingCurveEstimator()
+    truth = lambda c: 300.0 * min(c, 1.0) + 50.0 * max(0.0, c - 1.0)  # noqa: E731 - the curve under test
+    for _ in range(64):
+        cores = rng.uniform(0.1, 2.0)
+        estimator.observe(cores, truth(cores) * rng.uniform(0.97, 1.03))
+    for cores in (0.25, 0.5, 1.0, 1.5, 1.9):
+        assert _curve_at(estimator.points(), cores) == pytest.approx(truth(cores), rel=0.1)
+
+
+def test_a_single_outlier_window_does_not_bend_the_curve() -> None:
+    estimator = LoadingCurveEstimator()
+    for _ in range(9):
+        estimator.observe(0.5, 100.0)
+    estimator.observe(0.5, 5.0)  # workers starting up
+    assert _curve_at(estimator.points(), 0.5) == pytest.approx(100.0)
+
+
+def test_invalid_windows_are_ignored() -> None:
+    estimator = LoadingCurveEstimator()
+    for cores, sps in [(0.0, 10.0), (-1.0, 10.0), (0.5, -3.0), (math.nan, 1.0), (1.0, math.inf)]:
+        estimator.observe(cores, sps)
+    assert estimator.observations == 0 and estimator.points() == ()
+
+
+def test_old_windows_are_forgotten_so_a_changed_job_is_relearnt() -> None:
+    estimator = LoadingCurveEstimator(max_observations=8)
+    for _ in range(8):
+        estimator.observe(1.0, 100.0)
+    for _ in range(8):
+        estimator.observe(1.0, 400.0)
+    assert _curve_at(estimator.points(), 1.0) == pytest.approx(400.0)
+
+
+def test_concave_lines_hull_noisy_knots_and_flatten_past_the_peak() -> None:
+    lines = concave_lines([(1.0, 100.0), (0.5, 40.0), (2.0, 150.0), (3.0, 120.0)])
+    assert evaluate_lines(lines, 0.5) == pytest.approx(50.0)  # (0.5, 40) lies under the chord: hulled
+    assert evaluate_lines(lines, 3.0) == pytest.approx(150.0)  # never decreasing
+    assert evaluate_lines(lines, 0.0) == 0.0
+    assert evaluate_lines((), 1.0) == math.inf
+
+
+observations = st.lists(
+    st.tuples(st.floats(0.01, 8.0), st.floats(0.0, 1e5)), min_size=1, max_size=80
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(observations)
+def test_fitted_curve_is_concave_non_decreasing_and_through_the_origin(points: list[tuple[float, float]]) -> None:
+    knots = fit_concave_curve(points)
+    xs = [0.0] + [c for c, _ in knots]
+    ys = [0.0] + [s for _, s in knots]
+    slopes = [(ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i]) for i in range(len(knots))]
+    assert all(s >= -1e-6 for s in slopes)
+    assert all(later <= earlier * (1 + 1e-6) + 1e-6 for earlier, later in zip(slopes, slopes[1:]))
+    for cores, _ in knots:  # the lines reproduce the knots
+        assert evaluate_lines(concave_lines(knots), cores) == pytest.approx(dict(knots)[cores], rel=1e-6, abs=1e-6)

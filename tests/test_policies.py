@@ -1,0 +1,236 @@
+"""Each policy on plain data: what it gives whom, and why."""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from controller.policies import JobAllocation, JobView, NodeResources, PolicyError, make_policy, policy_names
+from controller.policies import lp
+from controller.policies.oracle import CURVES_VAR, OraclePolicy
+from controller.policies.shares import JobModel, model_of
+
+NODE = NodeResources(cpus=(0, 1, 2, 3), read_bps=400e6, read_device="254:0")
+
+
+def job(job_id: str, gpus: int = 1, m: float = 100.0, p: float | None = None, **fields: object) -> JobView:
+    """A job whose loading is linear: p CPU seconds per sample, M samples/s at most."""
+    curve = ((1.0, 1.0 / p),) if p else ()
+    return JobView(job_id=job_id, name=f"name-{job_id}", gpus=gpus, max_throughput=m, loading_curve=curve, **fields)
+
+
+def busy(node: NodeResources, view: JobView, given: JobAllocation) -> float:
+    model = model_of(view)
+    assert model is not None and given.cores is not None
+    return model.busy(given.cores, given.read_bps)
+
+
+def test_every_policy_is_registered_and_an_unknown_name_says_which_exist() -> None:
+    assert set(policy_names()) >= {"static", "even", "adaptive", "jct", "oracle"}
+    with pytest.raises(PolicyError, match="adaptive"):
+        make_policy("fastest")
+
+
+def test_static_touches_nothing() -> None:
+    allocation = make_policy("static").allocate(NODE, [job("a", p=0.01), job("b")])
+    assert allocation == {"a": JobAllocation(), "b": JobAllocation()}
+
+
+def test_even_splits_cores_bandwidth_and_workers() -> None:
+    allocation = make_policy("even").allocate(NODE, [job("a"), job("b"), job("c"), job("d")])
+    assert {a.cores for a in allocation.values()} == {1.0}
+    assert {a.read_bps for a in allocation.values()} == {100_000_000}
+    assert {a.workers for a in allocation.values()} == {1}
+
+
+def test_adaptive_feeds_the_job_with_more_gpus_first_when_cores_are_short() -> None:
+    # both need 4 cores to keep their GPUs busy (M·p = 4); the 4-GPU job is worth more per core
+    big = job("big", gpus=4, m=400.0, p=0.01)
+    small = job("small", gpus=1, m=400.0, p=0.01)
+    allocation = make_policy("adaptive").allocate(NODE, [big, small])
+    assert allocation["big"].cores == pytest.approx(NODE.cores - NODE.min_cores_per_job, abs=1e-3)
+    assert allocation["small"].cores == pytest.approx(NODE.min_cores_per_job, abs=1e-3)
+
+
+def test_adaptive_satisfies_every_job_that_fits_and_hands_the_rest_out_as_headroom() -> None:
+    light = job("light", m=100.0, p=0.005)  # needs 0.5 cores
+    heavy = job("heavy", m=100.0, p=0.015)  # needs 1.5 cores
+    allocation = make_policy("adaptive").allocate(NODE, [light, heavy])
+    assert busy(NODE, light, allocation["light"]) == pytest.approx(1.0)
+    assert busy(NODE, heavy, allocation["heavy"]) == pytest.approx(1.0)
+    assert allocation["light"].cores + allocation["heavy"].cores == pytest.approx(NODE.cores, abs=1e-3)
+    # the 2 spare cores go where the work is: three times as much to the job needing three times more
+    assert allocation["heavy"].cores - 1.5 == pytest.approx(3 * (allocation["light"].cores - 0.5), rel=0.05)
+
+
+def test_adaptive_beats_even_on_heterogeneous_jobs_by_its_own_model() -> None:
+    jobs = [job("a", gpus=4, m=500.0, p=0.002), job("b", gpus=1, m=100.0, p=0.001), job("c", gpus=2, m=300.0, p=0.01)]
+
+    def objective(name: str) -> float:
+        allocation = make_policy(name).allocate(NODE, jobs)
+        return sum(j.gpus * busy(NODE, j, allocation[j.job_id]) for j in jobs)
+
+    assert objective("adaptive") > objective("even")
+
+
+def test_identical_starving_jobs_share_equally_so_the_answer_is_unique() -> None:
+    jobs = [job(name, m=1000.0, p=0.01) for name in "abc"]
+    allocation = make_policy("adaptive").allocate(NODE, jobs)
+    assert {round(a.cores, 3) for a in allocation.values()} == {round(NODE.cores / 3, 3)}
+
+
+def test_a_job_not_yet_measured_gets_an_even_share_the_others_split_the_rest() -> None:
+    newcomer = JobView(job_id="new", name="new", gpus=1)
+    jobs = [job("a", m=100.0, p=0.05), job("b", m=100.0, p=0.05), newcomer]
+    allocation = make_policy("adaptive").allocate(NODE, jobs)
+    assert allocation["new"].cores == pytest.approx(NODE.cores / 3, abs=1e-3)
+    assert allocation["a"].cores == pytest.approx(allocation["b"].cores, abs=1e-3)
+    assert sum(a.cores for a in allocation.values()) <= NODE.cores
+
+
+def test_the_job_bound_by_reads_gets_the_bandwidth_and_more_workers_per_core() -> None:
+    reader = job("reader", m=200.0, p=0.001, bytes_per_sample=1e6)  # needs 200 MB/s of 400
+    others = [job(name, m=200.0, p=0.001, bytes_per_sample=0.0) for name in "xyz"]
+    allocation = make_policy("adaptive").allocate(NODE, [reader, *others])
+    assert allocation["reader"].read_bps >= 200e6
+    assert sum(a.read_bps for a in allocation.values()) <= NODE.read_bps
+    assert min(a.read_bps for a in allocation.values()) > 0  # everyone keeps a floor
+    even = make_policy("even").allocate(NODE, [reader, *others])
+    assert busy(NODE, reader, allocation["reader"]) > busy(NODE, reader, even["reader"])
+    assert allocation["reader"].workers == math.ceil(2 * allocation["reader"].cores)
+
+
+def test_bandwidth_is_left_alone_when_the_node_does_not_manage_it() -> None:
+    node = NodeResources(cpus=(0, 1))
+    allocation = make_policy("adaptive").allocate(node, [job("a", p=0.01, bytes_per_sample=1e6), job("b", p=0.01)])
+    assert {a.read_bps for a in allocation.values()} == {None}
+
+
+def test_adaptive_keeps_the_current_allocation_when_the_gain_is_small() -> None:
+    policy = make_policy("adaptive")
+    jobs = [job("a", m=100.0, p=0.02), job("b", m=100.0, p=0.03)]  # need 2 and 3 cores of 4
+    first = policy.allocate(NODE, jobs)
+    # measurements drift by 2%: the predicted gain of moving cores is under the threshold
+    drifted = [job("a", m=100.0, p=0.0204, current=first["a"]), job("b", m=100.0, p=0.0294, current=first["b"])]
+    assert policy.allocate(NODE, drifted) == first
+    # a real change (b got much cheaper, a much dearer) moves cores
+    changed = [job("a", m=100.0, p=0.04, current=first["a"]), job("b", m=100.0, p=0.01, current=first["b"])]
+    assert policy.allocate(NODE, changed)["a"].cores > first["a"].cores
+
+
+def test_adaptive_reallocates_at_once_when_a_job_leaves_or_arrives() -> None:
+    policy = make_policy("adaptive")
+    jobs = [job(name, m=400.0, p=0.01) for name in "abc"]
+    first = policy.allocate(NODE, jobs)
+    after_departure = policy.allocate(NODE, [job(n, m=400.0, p=0.01, current=first[n]) for n in "ab"])
+    assert sum(a.cores for a in after_departure.values()) == pytest.approx(NODE.cores, abs=1e-3)
+    arrived = [job(n, m=400.0, p=0.01, current=after_departure[n]) for n in "ab"] + [job("d", m=400.0, p=0.01)]
+    after_arrival = policy.allocate(NODE, arrived)
+    assert after_arrival["d"].cores == pytest.approx(NODE.cores / 3, abs=1e-3)
+
+
+def test_jct_serves_the_job_closest_to_finishing_first() -> None:
+    jobs = [
+        job("long", m=400.0, p=0.01, remaining_samples=40_000.0),
+        job("short", m=400.0, p=0.01, remaining_samples=4_000.0),
+        job("middle", m=400.0, p=0.01, remaining_samples=20_000.0),
+    ]
+    allocation = make_policy("jct").allocate(NODE, jobs)
+    assert allocation["short"].cores == pytest.approx(NODE.cores - 2 * NODE.min_cores_per_job, abs=1e-3)
+    assert allocation["long"].cores == pytest.approx(NODE.min_cores_per_job, abs=1e-3)
+    # adaptive would split them evenly: same GPUs, same curves
+    adaptive = make_policy("adaptive").allocate(NODE, jobs)
+    assert {round(a.cores, 3) for a in adaptive.values()} == {round(NODE.cores / 3, 3)}
+
+
+def test_jct_without_any_remaining_work_known_is_adaptive() -> None:
+    jobs = [job("a", gpus=4, m=400.0, p=0.01), job("b", m=400.0, p=0.01)]
+    assert make_policy("jct").allocate(NODE, jobs) == make_policy("adaptive").allocate(NODE, jobs)
+
+
+def _true_curves(jobs: list[JobView]) -> dict[str, JobModel]:
+    return {j.name: model for j in jobs if (model := model_of(j)) is not None}
+
+
+def test_oracle_finds_the_best_split_that_brute_force_finds() -> None:
+    node = NodeResources(cpus=(0, 1), read_bps=100e6, read_device="254:0", min_cores_per_job=0.1)
+    jobs = [
+        job("a", gpus=4, m=300.0, p=0.004),
+        job("b", gpus=1, m=500.0, p=0.001, bytes_per_sample=150e3),
+        job("c", gpus=2, m=200.0, p=0.006),
+    ]
+    curves = _true_curves(jobs)
+    steps = 10
+    oracle = OraclePolicy(curves, steps=steps)
+    allocation = oracle.allocate(node, jobs)
+    got = sum(j.gpus * busy(node, j, allocation[j.job_id]) for j in jobs)
+    # brute force over the same grid: floors plus whole steps of the spare cores and bandwidth
+    io_floor = 0.01 * node.read_bps
+    spare_cores = node.cores - 3 * node.min_cores_per_job
+    spare_io = node.read_bps - 3 * io_floor
+    best = 0.0
+    for units in itertools.product(range(steps + 1), repeat=3):
+        if sum(units) > steps:
+            continue
+        cores = [node.min_cores_per_job + u * spare_cores / steps for u in units]
+        for io_units in range(steps + 1):
+            reads = {"a": None, "b": io_floor + io_units * spare_io / steps, "c": None}
+            value = sum(j.gpus * curves[j.name].busy(c, reads[j.job_id]) for j, c in zip(jobs, cores))
+            best = max(best, value)
+    assert got >= best * (1 - 1e-3)  # allocations are rounded down to 1e-4 cores
+
+
+def test_oracle_reads_its_curves_from_the_file_the_benchmark_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "curves.json"
+    path.write_text(json.dumps({"jobs": {
+        "name-a": {"max_throughput": 400.0, "loading_curve": [[1.0, 100.0]], "bytes_per_sample": 0.0},
+        "name-b": {"max_throughput": 400.0, "loading_curve": [[1.0, 400.0]]},
+    }}))
+    monkeypatch.setenv(CURVES_VAR, str(path))
+    oracle = make_policy("oracle")
+    # measured views claim the opposite; the oracle believes only its true curves
+    jobs = [job("a", m=400.0, p=0.001), job("b", m=400.0, p=0.01), JobView(job_id="z", name="unlisted")]
+    allocation = oracle.allocate(NODE, jobs)
+    assert allocation["z"].cores == pytest.approx(NODE.cores / 3, abs=1e-3)
+    assert allocation["b"].cores < allocation["a"].cores
+
+
+def test_oracle_without_curves_says_how_to_give_them(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv(CURVES_VAR, raising=False)
+    with pytest.raises(PolicyError, match=CURVES_VAR):
+        make_policy("oracle")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{\"jobs\": 3}")
+    monkeypatch.setenv(CURVES_VAR, str(bad))
+    with pytest.raises(PolicyError, match="adloader bench"):
+        make_policy("oracle")
+
+
+def test_the_program_is_optimal_against_a_grid_of_allocations() -> None:
+    demands = [
+        lp.JobDemand("a", weight=3.0, max_throughput=100.0, lines=((0.0, 80.0), (40.0, 40.0)), min_cores=0.1),
+        lp.JobDemand("b", weight=1.0, max_throughput=300.0, lines=((0.0, 200.0),), min_cores=0.1),
+        lp.JobDemand("c", weight=2.0, max_throughput=50.0, lines=((0.0, 30.0),), min_cores=0.1),
+    ]
+    solution = lp.solve(demands, cores=2.0, read_bps=None)
+    grid_best = 0.0
+    for ca, cb in itertools.product([0.1 + 0.05 * i for i in range(37)], repeat=2):
+        cc = 2.0 - ca - cb
+        if cc < 0.1 - 1e-9:
+            continue
+        value = sum(
+            d.weight * min(1.0, min(a + s * c for a, s in d.lines) / d.max_throughput)
+            for d, c in zip(demands, (ca, cb, cc))
+        )
+        grid_best = max(grid_best, value)
+    assert solution.objective >= grid_best - 1e-6
+    assert sum(solution.cores.values()) <= 2.0 + 1e-6
+
+
+def test_the_program_refuses_floors_that_do_not_fit() -> None:
+    demands = [lp.JobDemand(str(i), 1.0, 10.0, ((0.0, 10.0),), min_cores=1.0) for i in range(3)]
+    with pytest.raises(PolicyError, match="--cpus"):
+        lp.solve(demands, cores=2.0, read_bps=None)

@@ -1,0 +1,107 @@
+"""Properties every policy keeps on any input, hundreds of jobs included: the node is never
+overcommitted, floors hold, the answer is deterministic and independent of job order."""
+from __future__ import annotations
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controller.policies import JobAllocation, JobView, NodeResources, make_policy
+from controller.policies.oracle import OraclePolicy
+from controller.policies.shares import model_of
+
+POLICIES = ["even", "adaptive", "jct", "oracle"]
+
+
+@st.composite
+def job_views(draw: st.DrawFn, max_jobs: int) -> list[JobView]:
+    count = draw(st.integers(1, max_jobs))
+    jobs = []
+    for i in range(count):
+        known = draw(st.booleans()) or draw(st.booleans())
+        curve: tuple[tuple[float, float], ...] = ()
+        if known:
+            knots = draw(st.lists(st.tuples(st.floats(0.05, 8.0), st.floats(0.0, 5000.0)), min_size=1, max_size=4))
+            curve = tuple(sorted(knots))
+        jobs.append(
+            JobView(
+                job_id=f"job-{i:04d}",
+                name=f"name-{i % 7}",
+                gpus=draw(st.integers(0, 8)),
+                ranks=draw(st.integers(1, 4)),
+                max_throughput=draw(st.one_of(st.none(), st.floats(1.0, 5000.0))),
+                loading_curve=curve,
+                cpu_s_per_sample=draw(st.one_of(st.none(), st.floats(1e-5, 0.1))),
+                bytes_per_sample=draw(st.one_of(st.none(), st.just(0.0), st.floats(1.0, 4e6))),
+                remaining_samples=draw(st.one_of(st.none(), st.floats(0.0, 1e7))),
+            )
+        )
+    return jobs
+
+
+nodes = st.builds(
+    lambda cpus, read_bps, floor: NodeResources(
+        cpus=tuple(range(cpus)), read_bps=read_bps, read_device=None if read_bps is None else "254:0",
+        min_cores_per_job=floor,
+    ),
+    st.integers(1, 64),
+    st.one_of(st.none(), st.floats(1e6, 4e9)),
+    st.sampled_from([0.05, 0.1, 0.25]),
+)
+
+
+def _policy(name: str, jobs: list[JobView]):
+    if name == "oracle":  # true curves: whatever the views' own models say, by name
+        return OraclePolicy({j.name: m for j in jobs if (m := model_of(j)) is not None}, steps=8)
+    return make_policy(name)
+
+
+def _check(node: NodeResources, jobs: list[JobView], allocation: dict[str, JobAllocation]) -> None:
+    assert set(allocation) == {j.job_id for j in jobs}
+    floor = node.min_cores_per_job
+    cores = [a.cores for a in allocation.values()]
+    assert all(c is not None and c >= min(floor, node.cores / len(jobs)) - 1e-9 for c in cores)
+    assert sum(cores) <= max(node.cores, floor * len(jobs)) + 1e-6
+    assert all(c <= node.cores + 1e-9 for c in cores)
+    for view in jobs:
+        a = allocation[view.job_id]
+        assert 1 <= a.workers <= node.max_workers_per_job
+        assert a.cpus == node.cpus
+    reads = [a.read_bps for a in allocation.values()]
+    if node.read_bps is not None:
+        assert all(r is not None and r >= 1 for r in reads)
+        assert sum(reads) <= node.read_bps + len(jobs)  # ints: at most one byte/s of rounding each
+    else:
+        assert all(r is None for r in reads)
+
+
+@pytest.mark.parametrize("name", POLICIES)
+@settings(max_examples=60, deadline=None)
+@given(node=nodes, jobs=job_views(max_jobs=12))
+def test_small_nodes_are_never_overcommitted(name: str, node: NodeResources, jobs: list[JobView]) -> None:
+    policy = _policy(name, jobs)
+    allocation = policy.allocate(node, jobs)
+    _check(node, jobs, allocation)
+    assert policy.allocate(node, jobs) == allocation  # deterministic
+    shuffled = list(jobs)
+    random.Random(len(jobs)).shuffle(shuffled)
+    assert policy.allocate(node, shuffled) == allocation  # order of the views does not matter
+
+
+@pytest.mark.parametrize("name", ["even", "adaptive", "jct"])
+@settings(max_examples=8, deadline=None)
+@given(node=nodes, jobs=job_views(max_jobs=300))
+def test_hundreds_of_jobs(name: str, node: NodeResources, jobs: list[JobView]) -> None:
+    allocation = make_policy(name).allocate(node, jobs)
+    _check(node, jobs, allocation)
+
+
+@settings(max_examples=40, deadline=None)
+@given(node=nodes, jobs=job_views(max_jobs=12))
+def test_adaptive_keeps_what_it_gave_when_nothing_changed(node: NodeResources, jobs: list[JobView]) -> None:
+    policy = make_policy("adaptive")
+    first = policy.allocate(node, jobs)
+    again = [JobView(**{**j.__dict__, "current": first[j.job_id]}) for j in jobs]
+    assert policy.allocate(node, again) == first
