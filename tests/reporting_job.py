@@ -1,0 +1,64 @@
+"""A small stand-in training process for tests that need jobs reporting to a real controller.
+
+Run under ``adloader run``: it reads ADLOADER_JOB_ID / ADLOADER_SOCKET like the loader
+does, and each step really loads (reads and hashes a chunk of a file on disk, in this
+process) and then "computes" by sleeping (GPU-emulated). It sends the loader's
+cumulative counters in a protocol.Report about every ``--report-every`` seconds and
+runs until killed or ``--seconds`` pass.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import sys
+import tempfile
+import time
+
+from adloader import env, paths, protocol
+from adloader.client import ControllerClient
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--compute-s", type=float, default=0.02, help="emulated GPU time per step")
+    parser.add_argument("--load-bytes", type=int, default=256 * 1024, help="bytes read and hashed per step")
+    parser.add_argument("--report-every", type=float, default=0.2)
+    parser.add_argument("--seconds", type=float, default=120.0)
+    args = parser.parse_args()
+    job_id = env.job_id()
+    if job_id is None:
+        print("reporting_job: ADLOADER_JOB_ID is unset: run me under `adloader run`", file=sys.stderr)
+        return 2
+    client = ControllerClient(paths.default_socket_path())
+    samples = batches = read_bytes = 0
+    data_wait = compute = 0.0
+    with tempfile.TemporaryFile() as data:
+        data.write(os.urandom(args.load_bytes))
+        deadline = time.monotonic() + args.seconds
+        next_report = 0.0
+        while time.monotonic() < deadline:
+            started = time.monotonic()
+            data.seek(0)
+            chunk = data.read()
+            hashlib.sha256(chunk * 4).digest()
+            read_bytes += len(chunk)
+            loaded = time.monotonic()
+            time.sleep(args.compute_s)
+            data_wait += loaded - started
+            compute += time.monotonic() - loaded
+            samples += args.batch_size
+            batches += 1
+            if time.monotonic() >= next_report:
+                client.request(protocol.Report(
+                    job_id=job_id, batch_size=args.batch_size, samples=samples, batches=batches,
+                    data_wait_s=data_wait, compute_s=compute, worker_cpu_s=time.process_time(),
+                    read_bytes=read_bytes, num_workers=1,
+                ))
+                next_report = time.monotonic() + args.report_every
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
