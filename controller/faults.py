@@ -4,9 +4,10 @@ Code marks a point with ``faults.hit("state.after_temp_write")``. When the
 environment variable ADLOADER_FAULT_POINT names that point, the process writes
 one line to stderr and ends at once with exit status 137 (no cleanup, no
 flush), so a test can check what a crash at that instant leaves behind.
-Otherwise a hit costs one string comparison. Points in use:
-
-- ``state.after_temp_write``: the new state is in the temp file, not yet renamed.
+Otherwise a hit costs one string comparison (the variable is read once, at the
+first hit; ``configure`` overrides it in-process). Points are named
+``<area>.<moment>``, e.g. ``state.after_temp_write`` (the new state is in the
+temp file, not yet renamed); ``grep -rn 'faults.hit(' controller`` lists them all.
 """
 from __future__ import annotations
 
