@@ -231,10 +231,11 @@ def _allocation(reader: "_Reader") -> JobAllocation:
     cpus = reader.get("cpus", list, optional=True)
     if cpus is not None and not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in cpus):
         raise _BadState(f"wrong shape: {reader.where}.cpus is not a list of CPU ids")
+    read_bps = reader.get("read_bps", float, optional=True)  # a policy may hand out a float rate
     return JobAllocation(
         cores=reader.get("cores", float, optional=True),
         cpus=tuple(cpus) if cpus is not None else None,
-        read_bps=reader.get("read_bps", int, optional=True),
+        read_bps=None if read_bps is None else round(read_bps),
         workers=reader.get("workers", int, optional=True),
     )
 

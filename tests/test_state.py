@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
@@ -65,6 +66,14 @@ def test_round_trip(store: StateStore) -> None:
     assert loaded.problem is None
     assert loaded.state == saved
     assert loaded.state.jobs["job-0"].allocation.cpus == (0, 1)
+
+
+def test_a_float_read_rate_from_a_policy_survives_a_round_trip(store: StateStore) -> None:
+    state = make_state(jobs=1)
+    job = state.jobs["job-0"]
+    floaty = replace(job, allocation=replace(job.allocation, read_bps=2_500_000.0))
+    store.save(replace(state, jobs={"job-0": floaty}))
+    assert store.load().state.jobs["job-0"].allocation.read_bps == 2_500_000
 
 
 def test_missing_file_is_no_state_and_no_problem(store: StateStore) -> None:

@@ -93,6 +93,7 @@ class CgroupV1Backend:
                 node.controller.procs = [pid]
 
     def pids(self, job_id: str) -> set[int]:
+        # Read directly rather than through cgroupspy: a group that is gone reads as "no pids".
         return read_pid_list(self._dir("cpu", job_id) / "cgroup.procs")
 
     def set_cpu_quota(self, job_id: str, cores: float | None) -> None:
