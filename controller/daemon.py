@@ -99,7 +99,7 @@ class Controller:
             self.recover()
             self._start_metrics()
             while not self._stopping:
-                self.step()
+                self._guarded_step()
                 try:
                     await asyncio.wait_for(self._wake.wait(), timeout=self.config.period_s)
                 except asyncio.TimeoutError:
@@ -193,6 +193,15 @@ class Controller:
 
     # ------------------------------------------------------------------ the control step
 
+    def _guarded_step(self) -> None:
+        """A step that fails (a policy bug) is logged and counted; the daemon keeps serving and
+        the jobs keep their last limits."""
+        try:
+            self.step()
+        except Exception:
+            self.errors["internal"] += 1
+            log.exception("control step failed; keeping the current limits and retrying next period")
+
     def step(self) -> None:
         """Remove gone jobs, decide and apply, save when something changed, publish a snapshot."""
         events, self._events = self._events, set()
@@ -279,8 +288,8 @@ class Controller:
         connection.verified_jobs.add(job_id)
         log.info("job %s (%s) registered by pid %d (uid %d), %d GPU(s), group %s",
                  job_id, message.name, peer.pid, peer.uid, message.gpus, cgroup)
-        self._notify("arrival")
-        self.save()
+        self._events.add("arrival")
+        self._guarded_step()  # the job's first limits are in force before its command starts
         return protocol.Registered(job_id=job_id, cgroup=cgroup, backend=self.backend.name)
 
     def _report(self, message: protocol.Report, connection: Connection) -> protocol.Message:

@@ -1,0 +1,153 @@
+"""``adloader run``: exit codes and signals pass through, the no-controller path is one warning
+line, a terminal's Ctrl-C reaches the command once, and the pure helpers."""
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from fixtures.managed import REPO, ControllerProcess, JobProcess, base_environment, wait_until
+from launcher.run import default_name, exit_code_of, gpus_from_environment
+
+READY_THEN_SLEEP = """
+import pathlib, sys, time
+pathlib.Path(sys.argv[1]).write_text("ready")
+time.sleep(60)
+"""
+
+COUNT_SIGINTS = """
+import pathlib, signal, sys, time
+received = []
+signal.signal(signal.SIGINT, lambda *_: received.append(1))
+pathlib.Path(sys.argv[1]).write_text("ready")
+while not received:
+    time.sleep(0.01)
+time.sleep(1.0)                  # time for a second, forwarded copy to arrive
+pathlib.Path(sys.argv[2]).write_text(str(len(received)))
+"""
+
+TERM_HANDLER = """
+import pathlib, signal, sys, time
+signal.signal(signal.SIGTERM, lambda *_: (pathlib.Path(sys.argv[2]).write_text("got SIGTERM"), sys.exit(0)))
+pathlib.Path(sys.argv[1]).write_text("ready")
+time.sleep(60)
+"""
+
+
+def _python(code: str, *args: object) -> tuple[str, ...]:
+    return (sys.executable, "-c", code, *map(str, args))
+
+
+def test_a_managed_jobs_exit_code_passes_through(controller: ControllerProcess) -> None:
+    job = controller.run(*_python("import sys; sys.exit(3)"), name="three")
+    assert job.wait() == 3, job.output()
+    assert "ended with exit code 3" in wait_until(lambda: "ended with exit code" in controller.log()
+                                                  and controller.log(), 5, "the End message")
+
+
+def test_without_a_controller_one_warning_line_and_the_command_runs_unmanaged(
+    start_job: Callable[..., JobProcess],
+) -> None:
+    job = start_job(*_python("import os, sys; print(os.environ.get('ADLOADER_JOB_ID')); sys.exit(3)"),
+                    name="alone")
+    assert job.wait() == 3
+    stdout, stderr = job.output()
+    assert stdout == "None\n"
+    lines = stderr.splitlines()
+    assert len(lines) == 1 and "WARNING" in lines[0] and "unmanaged" in lines[0] and "no controller" in lines[0]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_a_signal_sent_to_the_launcher_reaches_the_command_and_its_death_is_the_exit_code(
+    start_job: Callable[..., JobProcess], tmp_path: Path, signum: int,
+) -> None:
+    ready = tmp_path / "ready"
+    job = start_job(*_python(READY_THEN_SLEEP, ready), name="sleeper")
+    wait_until(ready.exists, 20, "the command to start")
+    job.signal(signum)
+    assert job.wait(20) == 128 + signum
+
+
+def test_a_command_that_handles_sigterm_decides_the_exit_code(
+    start_job: Callable[..., JobProcess], tmp_path: Path,
+) -> None:
+    ready, note = tmp_path / "ready", tmp_path / "note"
+    job = start_job(*_python(TERM_HANDLER, ready, note), name="graceful")
+    wait_until(ready.exists, 20, "the command to start")
+    job.signal(signal.SIGTERM)
+    assert job.wait(20) == 0
+    assert note.read_text() == "got SIGTERM"
+
+
+def test_ctrl_c_on_a_terminal_reaches_the_command_once(tmp_path: Path) -> None:
+    """The terminal sends SIGINT to the whole foreground process group, the command included;
+    the launcher must not forward a second copy."""
+    ready, count = tmp_path / "ready", tmp_path / "count"
+    master, slave = os.openpty()
+    environ = base_environment(ADLOADER_SOCKET=str(tmp_path / "none.sock"))
+
+    def take_terminal() -> None:  # runs in the child after setsid: make the pty its controlling terminal
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "adloader", "run", "--name", "ctrl-c", "--", *_python(COUNT_SIGINTS, ready, count)],
+        stdin=slave, stdout=slave, stderr=slave, cwd=REPO, env=environ, start_new_session=True,
+        preexec_fn=take_terminal,
+    )
+    os.close(slave)
+    try:
+        wait_until(ready.exists, 20, "the command to start")
+        os.write(master, b"\x03")  # Ctrl-C, as typed
+        assert launcher.wait(20) == 0
+        assert count.read_text() == "1"
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+        os.close(master)
+
+
+def test_a_missing_command_exits_127(start_job: Callable[..., JobProcess]) -> None:
+    job = start_job("/nonexistent/train", name="missing")
+    assert job.wait() == 127
+    assert "command not found: /nonexistent/train" in job.output()[1]
+
+
+def test_no_command_is_a_usage_error() -> None:
+    result = subprocess.run([sys.executable, "-m", "adloader", "run", "--name", "x"], capture_output=True,
+                            text=True, cwd=REPO, env=base_environment(), timeout=30)
+    assert result.returncode == 2 and "no command given" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "value, gpus", [(None, 1), ("", 0), ("0", 1), ("0,1,3", 3), ("GPU-1f2e,GPU-77aa", 2), ("0,-1,2", 1), ("-1", 0)]
+)
+def test_gpus_default_to_the_devices_cuda_would_see(value: str | None, gpus: int) -> None:
+    environ = {} if value is None else {"CUDA_VISIBLE_DEVICES": value}
+    assert gpus_from_environment(environ) == gpus
+
+
+def test_the_default_name_is_the_training_scripts_file_name() -> None:
+    assert default_name(["torchrun", "--nproc-per-node", "2", "/src/train_resnet.py", "--lr", "0.1"]) == "train_resnet.py"
+    assert default_name(["/usr/bin/my-trainer", "--config", "a.yaml"]) == "my-trainer"
+
+
+def test_wait_statuses_become_shell_exit_codes() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    time.sleep(0.1)
+    child.send_signal(signal.SIGKILL)
+    _, status = os.waitpid(child.pid, 0)
+    assert exit_code_of(status) == 137
+    child.returncode = 137  # reaped above; keep Popen from waiting again
+    done = subprocess.Popen([sys.executable, "-c", "raise SystemExit(5)"])
+    _, status = os.waitpid(done.pid, 0)
+    done.returncode = 5
+    assert exit_code_of(status) == 5
