@@ -56,7 +56,7 @@ def main(args: argparse.Namespace) -> int:
         if args.watch <= 0:
             print("adloader status: --watch needs a positive number of seconds", file=sys.stderr)
             return EXIT_REFUSED
-        return watch(client, render, args.watch, sys.stdout, first)
+        return watch(client, render, args.watch, sys.stdout, first, gap="" if args.json else "\n")
 
 
 def fetch(client: ControllerClient) -> NodeSnapshot:
@@ -68,17 +68,18 @@ def fetch(client: ControllerClient) -> NodeSnapshot:
 
 
 def watch(client: ControllerClient, render: Callable[[NodeSnapshot, float], str], every: float,
-          out: TextIO, first: NodeSnapshot) -> int:
+          out: TextIO, first: NodeSnapshot, gap: str = "") -> int:
     """Redraw every ``every`` seconds until Ctrl-C. A terminal is redrawn in place;
-    a pipe gets one rendering after another. A controller that goes away mid-watch
-    is reported on screen and retried, so a controller restart does not end the watch."""
+    a pipe gets one rendering after another, ``gap`` between them. A controller that
+    goes away mid-watch is reported on screen and retried, so a controller restart
+    does not end the watch."""
     in_place = out.isatty()
     snapshot: NodeSnapshot | None = first
     problem = ""
     try:
         while True:
             text = render(snapshot, time.time()) if snapshot is not None else problem
-            out.write((CLEAR_SCREEN if in_place else "") + text + "\n" + ("" if in_place else "\n"))
+            out.write(CLEAR_SCREEN + text + "\n" if in_place else text + "\n" + gap)
             out.flush()
             time.sleep(every)
             try:

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import json
-import re
 import os
+import pty
+import re
+import select
+import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Callable
 
 from adloader import __version__
-from adloader.status import COLUMNS, EXIT_NO_CONTROLLER, render_table
+from adloader.client import ControllerClient
+from adloader.status import CLEAR_SCREEN, COLUMNS, EXIT_NO_CONTROLLER, fetch, render_table
 from controller.snapshot import JobSnapshot, NodeSnapshot
+from fixtures.managed import ControllerProcess, base_environment, wait_until
+from fixtures.processes import run_forked_as_nobody
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -72,3 +79,101 @@ def test_no_controller_is_one_clear_line_and_exit_code_2(tmp_path: Path) -> None
         assert proc.stdout == ""
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and str(socket_path) in lines[0] and "adloader controller" in lines[0], lines
+
+
+# ---------------------------------------------------------------- against a real controller
+
+REPORTING_JOB = (sys.executable, str(REPO / "tests" / "reporting_job.py"), "--seconds", "60")
+
+
+def _status(controller: ControllerProcess, *options: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "adloader", "status", "--socket", str(controller.socket), *options],
+                          capture_output=True, text=True, timeout=30, cwd=REPO, env=base_environment())
+
+
+def _reporting(controller: ControllerProcess, name: str) -> JobSnapshot:
+    job = controller.registered(controller.run(*REPORTING_JOB, name=name, options=("--gpus", "2")))
+    return wait_until(lambda: (snap := controller.job(job.job_id)) and snap.achieved_sps and snap, 20,
+                      f"{name}'s first reports")
+
+
+def test_status_shows_a_reporting_jobs_row_and_json_matches_the_controller(controller: ControllerProcess) -> None:
+    job = _reporting(controller, "status-table")
+    table = _status(controller)
+    assert table.returncode == 0, table.stderr
+    row = _rows(table.stdout)[job.job_id]
+    assert row[:4] == ["status-table", job.job_id, "running", "2"]
+    assert float(row[4]) > 0 and row[7] == "1.0"  # achieved samples/s; even policy on CPU 0: one core
+    assert "policy even" in table.stdout.splitlines()[0]
+
+    as_json = _status(controller, "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    node = NodeSnapshot.from_dict(json.loads(as_json.stdout))
+    (seen,) = node.jobs
+    assert (seen.job_id, seen.name, seen.gpus, seen.cores, seen.cgroup) == (job.job_id, job.name, 2, 1.0, job.cgroup)
+    assert seen.samples_total >= job.samples_total > 0
+    assert node.cpus == (0,) and node.policy == "even"
+
+
+def test_status_needs_no_root(controller: ControllerProcess) -> None:
+    job = _reporting(controller, "status-nobody")
+
+    def status_as_nobody() -> dict:
+        with ControllerClient(controller.socket) as client:
+            snapshot = fetch(client)
+        return {"uid": os.getuid(), "jobs": [j.job_id for j in snapshot.jobs],
+                "table": render_table(snapshot, snapshot.started_at)}
+
+    seen = run_forked_as_nobody(status_as_nobody)
+    assert seen["uid"] == 65534 and seen["jobs"] == [job.job_id] and "status-nobody" in seen["table"]
+
+
+def test_watch_redraws_a_terminal_in_place_and_keeps_going_when_the_controller_goes(
+    controller: ControllerProcess,
+) -> None:
+    job = _reporting(controller, "status-watch")
+    primary, secondary = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "adloader", "status", "--watch", "0.2", "--socket",
+                             str(controller.socket)], stdout=secondary, stderr=secondary, cwd=REPO,
+                            env=base_environment(), start_new_session=True)
+    os.close(secondary)
+    screen = b""
+    try:
+        def read_until(predicate: Callable[[bytes], bool]) -> bytes:
+            nonlocal screen
+            def more() -> bool:
+                nonlocal screen
+                if select.select([primary], [], [], 0.2)[0]:
+                    screen += os.read(primary, 65536)
+                return predicate(screen)
+            wait_until(more, 20, f"status --watch output; so far: {screen[-500:]!r}", interval=0)
+            return screen
+
+        read_until(lambda s: s.count(CLEAR_SCREEN.encode()) >= 3 and job.job_id.encode() in s)
+        controller.stop()
+        read_until(lambda s: b"retrying" in s)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(primary)
+    last_frame = screen.split(CLEAR_SCREEN.encode())[-1].decode()
+    assert "retrying" in last_frame and "status-watch" not in last_frame
+
+
+def test_watch_into_a_pipe_prints_one_json_object_per_line_and_refresh(controller: ControllerProcess) -> None:
+    _reporting(controller, "status-pipe")
+    proc = subprocess.Popen([sys.executable, "-m", "adloader", "status", "--watch", "0.1", "--json", "--socket",
+                             str(controller.socket)], stdout=subprocess.PIPE, text=True, cwd=REPO,
+                            env=base_environment(), start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        frames = [json.loads(proc.stdout.readline()) for _ in range(3)]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(10) == 0
+        proc.stdout.close()
+    samples = [frame["jobs"][0]["samples_total"] for frame in frames]
+    assert all(CLEAR_SCREEN not in json.dumps(f) for f in frames) and samples == sorted(samples)
