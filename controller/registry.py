@@ -28,6 +28,7 @@ from adloader.protocol import Report
 from controller.policies.base import JobAllocation, JobView
 from controller.snapshot import JobSnapshot
 from controller.state import PersistedJob
+from throughput_model.curves import LoadingCurveEstimator
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,6 @@ JobFinishedHook = Callable[[JobSnapshot], None]
 LOADER_BOUND_WAIT_RATIO = 0.05
 """A window in which the job waited for data at least this share of its step time says
 how fast the loader runs at the job's current cores: it becomes a loading-curve point."""
-MAX_CURVE_POINTS = 16
 
 
 @dataclass(frozen=True)
@@ -83,8 +83,8 @@ class Job:
     """Set by End: the command has exited and the job no longer gets a share."""
     adopted: bool = False
     ranks: dict[int, deque[tuple[float, Report]]] = field(default_factory=dict)
-    loading_curve: dict[float, float] = field(default_factory=dict)
-    """cores -> loading samples/s measured while the job was loader-bound."""
+    loading_curve: LoadingCurveEstimator = field(default_factory=LoadingCurveEstimator)
+    """Concave fit of (cores, loading samples/s) measured while the job was loader-bound."""
 
     @property
     def ended(self) -> bool:
@@ -284,7 +284,7 @@ class Registry:
                     requested_workers=job.requested_workers, arrival_s=job.arrival_s,
                     max_throughput=max_tp, max_throughput_interval=interval,
                     cpu_s_per_sample=rates.cpu_s_per_sample, bytes_per_sample=rates.bytes_per_sample,
-                    loading_curve=tuple(sorted(job.loading_curve.items())), achieved=rates.achieved,
+                    loading_curve=job.loading_curve.points(), achieved=rates.achieved,
                     remaining_samples=job.remaining_samples, current=applied.get(job.job_id, job.allocation),
                 )
             )
@@ -355,8 +355,4 @@ class Registry:
             or rates.window_start < job.allocation_since
         ):
             return
-        key = round(cores, 2)
-        job.loading_curve.pop(key, None)  # re-insert: the dict's order is the points' recency
-        job.loading_curve[key] = rates.achieved
-        while len(job.loading_curve) > MAX_CURVE_POINTS:
-            job.loading_curve.pop(next(iter(job.loading_curve)))
+        job.loading_curve.observe(cores, rates.achieved)

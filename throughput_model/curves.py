@@ -18,6 +18,7 @@ package of ours.
 from __future__ import annotations
 
 import math
+import statistics
 from collections import deque
 from typing import Iterable, Sequence
 
@@ -28,6 +29,9 @@ from scipy.sparse import coo_matrix
 BEND_PENALTY = 0.05
 """Per observation, cost of the curve's slope falling by one (samples/s per core) times its
 cores range, against the absolute error in samples/s; see _concave_l1_regression."""
+
+REFIT_STEP = 0.02
+"""The curve is refitted when a bin's median samples/s moves by about this fraction."""
 
 Point = tuple[float, float]
 """(cores, loading samples/s)."""
@@ -59,18 +63,17 @@ class LoadingCurveEstimator:
         self._prior = prior_cpu_s_per_sample
         self._resolution = resolution_cores
         self._observations: deque[Point] = deque(maxlen=max_observations)
-        self._fitted: tuple[Point, ...] | None = None
+        self._fit: tuple[Point, ...] = ()
+        self._fit_key: tuple[Point, ...] | None = None
 
     def observe(self, cores_used: float, samples_per_s: float) -> None:
-        """Record one window: the job used ``cores_used`` cores (CPU seconds of its cgroup
-        per wall second; the loader workers' CPU where there is no cgroup accounting) and
-        delivered ``samples_per_s``. Windows with no CPU or non-finite values are ignored."""
+        """Record one window: the job used ``cores_used`` cores and delivered
+        ``samples_per_s``. Windows with no CPU or non-finite values are ignored."""
         if not (math.isfinite(cores_used) and math.isfinite(samples_per_s)):
             return
         if cores_used <= 0 or samples_per_s < 0:
             return
         self._observations.append((float(cores_used), float(samples_per_s)))
-        self._fitted = None
 
     @property
     def observations(self) -> int:
@@ -79,14 +82,16 @@ class LoadingCurveEstimator:
     def points(self) -> tuple[Point, ...]:
         """The fitted curve as (cores, samples/s) knots, cores increasing, concave through
         the origin (the origin itself is implied, not listed). Empty when nothing is known."""
-        if self._fitted is None:
-            if self._observations:
-                self._fitted = fit_concave_curve(self._observations, self._resolution)
-            elif self._prior is not None:
-                self._fitted = ((1.0, 1.0 / self._prior),)
-            else:
-                self._fitted = ()
-        return self._fitted
+        if not self._observations:
+            return ((1.0, 1.0 / self._prior),) if self._prior is not None else ()
+        bins = _bins(self._observations, self._resolution)
+        # Refit only when some bin's median moved by more than rounding: a job running
+        # steadily costs the controller nothing per report.
+        key = tuple((round(x, 2), round(math.log1p(y) / REFIT_STEP)) for x, y, _ in bins)
+        if key != self._fit_key:
+            self._fit_key = key
+            self._fit = _fit_bins(bins)
+        return self._fit
 
 
 def fit_concave_curve(observations: Iterable[Point], resolution_cores: float = 0.05) -> tuple[Point, ...]:
@@ -96,16 +101,28 @@ def fit_concave_curve(observations: Iterable[Point], resolution_cores: float = 0
     samples/s per bin, weighted by count); the curve's value at each bin's cores is
     chosen to minimise the weighted absolute error subject to concavity.
     """
-    bins: dict[int, list[Point]] = {}
+    return _fit_bins(_bins(observations, resolution_cores))
+
+
+def _bins(observations: Iterable[Point], resolution_cores: float) -> list[tuple[float, float, int]]:
+    """(median cores, median samples/s, count) per bin of cores, cores increasing."""
+    pooled: dict[int, list[Point]] = {}
     for cores, sps in observations:
-        bins.setdefault(int(round(cores / resolution_cores)), []).append((cores, sps))
+        pooled.setdefault(int(round(cores / resolution_cores)), []).append((cores, sps))
+    return [
+        (statistics.median(c for c, _ in pts), statistics.median(s for _, s in pts), len(pts))
+        for _, pts in sorted(pooled.items())
+    ]
+
+
+def _fit_bins(bins: list[tuple[float, float, int]]) -> tuple[Point, ...]:
     if not bins:
         return ()
-    xs = np.array([float(np.median([c for c, _ in pts])) for _, pts in sorted(bins.items())])
-    ys = np.array([float(np.median([s for _, s in pts])) for _, pts in sorted(bins.items())])
-    weights = np.array([len(pts) for _, pts in sorted(bins.items())], dtype=float)
-    if len(xs) == 1:
-        return ((float(xs[0]), float(ys[0])),)
+    if len(bins) == 1:
+        return ((bins[0][0], bins[0][1]),)
+    xs = np.array([x for x, _, _ in bins])
+    ys = np.array([y for _, y, _ in bins])
+    weights = np.array([n for _, _, n in bins], dtype=float)
     values = _concave_l1_regression(xs, ys, weights)
     lines = concave_lines(list(zip(xs, values)))
     return _knots(lines, float(xs[-1]))
