@@ -10,7 +10,6 @@ them, and their setters do nothing. Nothing survives a controller restart.
 """
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,8 +17,6 @@ from pathlib import Path
 import psutil
 
 from controller.backends.base import BackendError
-
-log = logging.getLogger(__name__)
 
 
 @dataclass

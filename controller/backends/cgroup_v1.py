@@ -7,7 +7,6 @@ mounted drops the capability it provides instead of failing the whole backend.
 """
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 from cgroupspy.contenttypes import DeviceThrottle
@@ -25,8 +24,6 @@ from controller.backends.cgroupfs import (
     quota_us,
     read_pid_list,
 )
-
-log = logging.getLogger(__name__)
 
 _CAPABILITY_OF_HIERARCHY = {
     "cpu": "cpu_quota",

@@ -7,7 +7,6 @@ Only the controllers the root offers (cgroup.controllers) become capabilities.
 """
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 from controller.backends.base import BackendError
@@ -25,8 +24,6 @@ from controller.backends.cgroupfs import (
     write_interface,
 )
 from controller.cpuspec import format_cpus
-
-log = logging.getLogger(__name__)
 
 _CAPABILITY_OF_CONTROLLER = {"cpu": "cpu_quota", "cpuset": "cpuset", "io": "read_bps"}
 
