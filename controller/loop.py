@@ -61,6 +61,7 @@ class ControlLoop:
         """Decide, record and apply once. ``events`` are what happened since the last step
         ("arrival", "departure", "policy_change", "adoption"): they name the reason."""
         start = self._clock()
+        registry.observe_loading()
         views = registry.views(self.applied)
         wanted = {view.job_id: JobAllocation() for view in views}
         wanted.update({k: v for k, v in self.policy.allocate(self.node, views).items() if k in wanted})

@@ -36,9 +36,6 @@ Predictor = Callable[[dict[str, float], int], "tuple[float, float, float] | None
 """(features, gpus) -> (M, low, high) samples/s, or None when it cannot tell."""
 JobFinishedHook = Callable[[JobSnapshot], None]
 
-LOADER_BOUND_WAIT_RATIO = 0.05
-"""A window in which the job waited for data at least this share of its step time says
-how fast the loader runs at the job's current cores: it becomes a loading-curve point."""
 
 
 @dataclass(frozen=True)
@@ -50,8 +47,8 @@ class Rates:
     max_throughput: float | None = None
     cpu_s_per_sample: float | None = None
     bytes_per_sample: float | None = None
-    window_start: float | None = None
-    """Monotonic time of the oldest report the rates use."""
+    loader_cores: float | None = None
+    """Cores the loader workers used: d(worker_cpu_s)/dt."""
 
 
 @dataclass
@@ -75,8 +72,6 @@ class Job:
     remaining_samples: float | None = None
     allocation: JobAllocation = field(default_factory=JobAllocation)
     """The policy's latest decision for the job (the Target replies carry it)."""
-    allocation_since: float = 0.0
-    """Monotonic time the decision last changed: older reports say nothing about it."""
     connected: bool = True
     """The launcher's registration connection is open."""
     exit_code: int | None = None
@@ -148,7 +143,7 @@ class Registry:
         job = Job(
             job_id=job_id, name=name, uid=uid, gpus=gpus, launcher_pid=launcher_pid, registered_at=now,
             arrival_s=now - self._started_wall, cgroup=cgroup, requested_workers=requested_workers,
-            features=features, allocation_since=self._clock(),
+            features=features,
         )
         job.predicted = self._predict(job)
         self._jobs[job_id] = job
@@ -162,7 +157,7 @@ class Registry:
             arrival_s=persisted.registered_at - self._started_wall, cgroup=persisted.cgroup,
             requested_workers=persisted.requested_workers, features=persisted.features,
             remaining_samples=persisted.remaining_samples, allocation=persisted.allocation,
-            allocation_since=self._clock(), connected=False, adopted=True,
+            connected=False, adopted=True,
         )
         job.predicted = self._predict(job)
         self._jobs[job.job_id] = job
@@ -209,7 +204,6 @@ class Registry:
         if report.features and not job.features:
             job.features = dict(report.features)
             job.predicted = self._predict(job)
-        self._note_loading_point(job)
 
     def set_allocation(self, job_id: str, allocation: JobAllocation) -> bool:
         """Record the policy's decision; True if it changed."""
@@ -217,7 +211,6 @@ class Registry:
         if job.allocation == allocation:
             return False
         job.allocation = allocation
-        job.allocation_since = self._clock()
         return True
 
     def disconnected(self, job_id: str) -> None:
@@ -233,9 +226,8 @@ class Registry:
     def rates(self, job: Job) -> Rates:
         """Windowed rates summed over the ranks that reported at least twice in the window."""
         now = self._clock()
-        samples = wait = compute = cpu = read = achieved = max_tp = 0.0
-        have_tp = False
-        start: float | None = None
+        samples = wait = compute = cpu = read = achieved = max_tp = loader_cores = 0.0
+        have_tp = have_any = False
         for window in job.ranks.values():
             points = [(t, r) for t, r in window if t >= now - self.window_s]
             if len(points) < 2:
@@ -251,11 +243,12 @@ class Registry:
             cpu += last.worker_cpu_s - first.worker_cpu_s
             read += last.read_bytes - first.read_bytes
             achieved += d_samples / (t1 - t0)
+            loader_cores += (last.worker_cpu_s - first.worker_cpu_s) / (t1 - t0)
             if d_compute > 0:
                 max_tp += d_samples / d_compute
                 have_tp = True
-            start = t0 if start is None else min(start, t0)
-        if start is None:
+            have_any = True
+        if not have_any:
             return Rates()
         step = wait + compute
         return Rates(
@@ -264,8 +257,17 @@ class Registry:
             max_throughput=max_tp if have_tp and samples > 0 else None,
             cpu_s_per_sample=cpu / samples if samples > 0 else None,
             bytes_per_sample=read / samples if samples > 0 else None,
-            window_start=start,
+            loader_cores=loader_cores if loader_cores > 0 else None,
         )
+
+    def observe_loading(self) -> None:
+        """Once per control step: each running job's window is a point of its loading curve,
+        (cores its loader used, samples/s delivered), whether or not the loader was the
+        bottleneck (throughput_model.curves explains why)."""
+        for job in self:
+            rates = self.rates(job)
+            if not job.ended and rates.achieved is not None and rates.loader_cores is not None:
+                job.loading_curve.observe(rates.loader_cores, rates.achieved)
 
     def views(self, applied: Mapping[str, JobAllocation]) -> list[JobView]:
         """What the policy sees: every job that has not ended, oldest first. ``current`` is the
@@ -309,7 +311,8 @@ class Registry:
             launcher_pid=job.launcher_pid, pids=tuple(sorted(pids)), cgroup=job.cgroup,
             registered_at=job.registered_at, ranks_reporting=self._ranks_reporting(job),
             batch_size=latest[0].batch_size if latest else None,
-            cores=alloc.cores, cpus=alloc.cpus, read_bps=alloc.read_bps, workers_target=alloc.workers,
+            cores=alloc.cores, cpus=alloc.cpus, read_bps=alloc.read_bps,
+            workers_target=None if alloc.workers is None else alloc.workers * self._ranks(job),
             workers_running=sum(r.num_workers for r in latest), achieved_sps=rates.achieved,
             max_sps_predicted=job.predicted[0] if job.predicted else None,
             max_sps_predicted_interval=(job.predicted[1], job.predicted[2]) if job.predicted else None,
@@ -340,19 +343,3 @@ class Registry:
     def _ranks(self, job: Job) -> int:
         latest = [window[-1][1] for window in job.ranks.values() if window]
         return max([1, self._ranks_reporting(job), *(r.world_size for r in latest)])
-
-    def _note_loading_point(self, job: Job) -> None:
-        """While the job waits for data, its achieved rate is its loader's rate at its cores."""
-        cores = job.allocation.cores
-        if cores is None:
-            return
-        rates = self.rates(job)
-        if (
-            rates.achieved is None
-            or rates.data_wait_ratio is None
-            or rates.data_wait_ratio < LOADER_BOUND_WAIT_RATIO
-            or rates.window_start is None
-            or rates.window_start < job.allocation_since
-        ):
-            return
-        job.loading_curve.observe(cores, rates.achieved)

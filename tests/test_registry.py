@@ -1,0 +1,193 @@
+"""The job registry: windowed rates from cumulative per-rank reports, the policy's views,
+snapshots, and the seams for the throughput predictor and the job history."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from adloader.protocol import Report
+from controller.policies.base import JobAllocation
+from controller.registry import Registry
+from controller.snapshot import JobSnapshot
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def _registry(clock: Clock, **kwargs: object) -> Registry:
+    return Registry(window_s=5.0, clock=clock, wall_clock=lambda: 1.7e9, **kwargs)  # type: ignore[arg-type]
+
+
+def _register(registry: Registry, job_id: str = "j1", **kwargs: object) -> None:
+    values: dict[str, object] = dict(name="resnet", uid=1000, gpus=2, launcher_pid=42, cgroup="/cg/j1")
+    values.update(kwargs)
+    registry.register(job_id, **values)  # type: ignore[arg-type]
+
+
+def _report(rank: int, samples: int, wait: float, compute: float, cpu: float, read: int, **kw: object) -> Report:
+    return Report(job_id="j1", rank=rank, world_size=2, batch_size=32, samples=samples, batches=samples // 32,
+                  data_wait_s=wait, compute_s=compute, worker_cpu_s=cpu, read_bytes=read, num_workers=3, **kw)
+
+
+def test_rates_are_window_differences_summed_over_ranks(clock: Clock) -> None:
+    registry = _registry(clock)
+    _register(registry)
+    registry.record_report("j1", _report(0, 320, 1.0, 2.0, 3.0, 1_000))
+    registry.record_report("j1", _report(1, 640, 0.5, 2.5, 4.0, 2_000))
+    clock.now += 2.0
+    registry.record_report("j1", _report(0, 320 + 400, 1.0 + 0.6, 2.0 + 1.4, 3.0 + 8.0, 1_000 + 4_000_000))
+    registry.record_report("j1", _report(1, 640 + 200, 0.5 + 1.0, 2.5 + 1.0, 4.0 + 6.0, 2_000 + 1_000_000))
+    rates = registry.rates(registry.get("j1"))  # type: ignore[arg-type]
+    assert rates.achieved == pytest.approx(400 / 2 + 200 / 2)
+    assert rates.data_wait_ratio == pytest.approx((0.6 + 1.0) / (0.6 + 1.0 + 1.4 + 1.0))
+    assert rates.max_throughput == pytest.approx(400 / 1.4 + 200 / 1.0)
+    assert rates.cpu_s_per_sample == pytest.approx((8.0 + 6.0) / 600)
+    assert rates.bytes_per_sample == pytest.approx(5_000_000 / 600)
+
+
+def test_a_restarted_rank_starts_its_window_over_and_old_reports_age_out(clock: Clock) -> None:
+    registry = _registry(clock)
+    _register(registry)
+    registry.record_report("j1", _report(0, 1000, 0, 10, 0, 0))
+    clock.now += 1
+    registry.record_report("j1", _report(0, 10, 0, 0.1, 0, 0))  # counters went back: the rank restarted
+    job = registry.get("j1")
+    assert registry.rates(job).achieved is None  # type: ignore[arg-type]
+    clock.now += 1
+    registry.record_report("j1", _report(0, 110, 0, 1.1, 0, 0))
+    assert registry.rates(job).achieved == pytest.approx(100.0)  # type: ignore[arg-type]
+    clock.now += 10  # silent for longer than the window
+    assert registry.rates(job).achieved is None  # type: ignore[arg-type]
+    snap = registry.snapshot(job, pids={42}, cpu_seconds=1.5)  # type: ignore[arg-type]
+    assert snap.ranks_reporting == 0 and snap.samples_total == 110 and snap.state == "running"
+
+
+def test_the_prediction_stands_in_for_m_until_it_is_measured(clock: Clock) -> None:
+    calls: list[tuple[dict[str, float], int]] = []
+
+    def predictor(features: dict[str, float], gpus: int) -> tuple[float, float, float]:
+        calls.append((features, gpus))
+        return 500.0, 400.0, 650.0
+
+    registry = _registry(clock, predictor=predictor)
+    _register(registry, features={"flops": 4e9})
+    assert calls == [({"flops": 4e9}, 2)]
+    view = registry.views({})[0]
+    assert (view.max_throughput, view.max_throughput_interval) == (500.0, (400.0, 650.0))
+    registry.record_report("j1", _report(0, 0, 0, 0, 0, 0))
+    clock.now += 1
+    registry.record_report("j1", _report(0, 300, 0, 1.0, 0, 0))
+    view = registry.views({})[0]
+    assert (view.max_throughput, view.max_throughput_interval) == (300.0, None)
+    snap = registry.snapshot(registry.get("j1"), pids=set(), cpu_seconds=0.0)  # type: ignore[arg-type]
+    assert (snap.max_sps_predicted, snap.max_sps_measured) == (500.0, 300.0)
+
+
+def test_a_failing_predictor_leaves_the_job_unpredicted(clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
+    def broken(features: dict[str, float], gpus: int) -> None:
+        raise ValueError("model file missing")
+
+    registry = _registry(clock, predictor=broken)
+    with caplog.at_level(logging.ERROR):
+        _register(registry, features={"flops": 1.0})
+    assert registry.views({})[0].max_throughput is None
+    assert "throughput prediction failed for job j1" in caplog.text
+
+
+def test_features_arriving_with_a_report_are_predicted_then(clock: Clock) -> None:
+    registry = _registry(clock, predictor=lambda features, gpus: (features["flops"], 1.0, 2.0))
+    _register(registry)
+    assert registry.views({})[0].max_throughput is None
+    registry.record_report("j1", _report(0, 0, 0, 0, 0, 0, features={"flops": 77.0}))
+    assert registry.views({})[0].max_throughput == 77.0
+
+
+def test_views_skip_ended_jobs_and_carry_what_is_in_force(clock: Clock) -> None:
+    registry = _registry(clock)
+    _register(registry, "j1")
+    _register(registry, "j2", requested_workers=6)
+    registry.set_allocation("j2", JobAllocation(cores=2.0, workers=2))
+    in_force = JobAllocation(cores=1.5, workers=2)
+    views = registry.views({"j2": in_force})
+    assert [v.job_id for v in views] == ["j1", "j2"]
+    assert views[1].current == in_force and views[1].requested_workers == 6 and views[1].gpus == 2
+    assert views[0].current == JobAllocation()
+    registry.end("j1", 0)
+    assert [v.job_id for v in registry.views({})] == ["j2"]
+    snap = registry.snapshot(registry.get("j1"), pids=set(), cpu_seconds=0.0)  # type: ignore[arg-type]
+    assert snap.state == "gone"
+
+
+def test_each_step_adds_the_windows_loader_cores_and_rate_to_the_loading_curve(clock: Clock) -> None:
+    registry = _registry(clock)
+    _register(registry)
+    registry.observe_loading()
+    assert registry.views({})[0].loading_curve == ()  # nothing reported yet
+    for rank in (0, 1):
+        registry.record_report("j1", _report(rank, 0, 0, 0, 0, 0))
+    clock.now += 2
+    registry.record_report("j1", _report(0, 200, 0.2, 1.8, 1.5, 0))  # 0.75 core, 100 samples/s
+    registry.record_report("j1", _report(1, 100, 1.0, 1.0, 0.5, 0))  # 0.25 core, 50 samples/s
+    rates = registry.rates(registry.get("j1"))  # type: ignore[arg-type]
+    assert rates.loader_cores == pytest.approx(1.0) and rates.achieved == pytest.approx(150.0)
+    registry.observe_loading()
+    assert registry.get("j1").loading_curve.observations == 1  # type: ignore[union-attr]
+    ((cores, sps),) = registry.views({})[0].loading_curve
+    assert (cores, sps) == (pytest.approx(1.0), pytest.approx(150.0))
+
+
+def test_snapshots_sum_ranks_and_the_idle_ratio_follows_achieved_over_max(clock: Clock) -> None:
+    registry = _registry(clock)
+    _register(registry)
+    registry.set_allocation("j1", JobAllocation(cores=1.5, cpus=(0, 1), read_bps=10_000_000, workers=2))
+    assert registry.snapshot(registry.get("j1"), pids={42}, cpu_seconds=0.0).state == "starting"  # type: ignore[arg-type]
+    for rank in (0, 1):
+        registry.record_report("j1", _report(rank, 0, 0, 0, 0, 0))
+    clock.now += 1
+    for rank in (0, 1):
+        registry.record_report("j1", _report(rank, 50, 0.5, 0.5, 1.0, 100))
+    snap = registry.snapshot(registry.get("j1"), pids={42, 43}, cpu_seconds=3.25)  # type: ignore[arg-type]
+    achieved, max_sps = 100.0, 200.0
+    assert snap.achieved_sps == pytest.approx(achieved) and snap.max_sps_measured == pytest.approx(max_sps)
+    assert snap.gpu_idle_ratio == pytest.approx(1 - achieved / max_sps)
+    assert (snap.ranks_reporting, snap.workers_running, snap.workers_target) == (2, 6, 4)
+    assert (snap.cores, snap.cpus, snap.read_bps, snap.pids, snap.cpu_seconds_total) == (
+        1.5, (0, 1), 10_000_000, (42, 43), 3.25)
+    assert (snap.samples_total, snap.read_bytes_total, snap.batch_size) == (100, 200, 32)
+
+
+def test_persisted_jobs_are_adopted_disconnected_and_the_history_hook_gets_the_final_snapshot(clock: Clock) -> None:
+    finished: list[JobSnapshot] = []
+    registry = _registry(clock, on_job_finished=finished.append)
+    _register(registry, requested_workers=4, features={"flops": 1.0})
+    registry.set_allocation("j1", JobAllocation(cores=1.0, workers=1))
+    saved = registry.persisted()
+    restarted = _registry(clock)
+    job = restarted.adopt(saved["j1"])
+    assert (job.connected, job.adopted, job.allocation, job.requested_workers) == (
+        False, True, JobAllocation(cores=1.0, workers=1), 4)
+    assert restarted.persisted() == saved
+    final = registry.remove("j1", pids=set(), cpu_seconds=9.5)
+    assert finished == [final] and final is not None and final.cpu_seconds_total == 9.5 and "j1" not in registry
+
+
+def test_a_failing_history_hook_does_not_keep_the_job(clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
+    def broken(snapshot: JobSnapshot) -> None:
+        raise OSError("disk full")
+
+    registry = _registry(clock, on_job_finished=broken)
+    _register(registry)
+    with caplog.at_level(logging.ERROR):
+        registry.remove("j1", pids=set(), cpu_seconds=0.0)
+    assert "j1" not in registry and "on_job_finished hook failed for job j1" in caplog.text
