@@ -9,7 +9,9 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
+from typing import Callable
 
 import psutil
 import pytest
@@ -215,3 +217,23 @@ def test_adloader_help_does_not_import_torch() -> None:
                             env=base_environment())
     assert result.stderr.strip().splitlines()[-1] == "False", result.stderr
     assert "adloader run" in result.stdout and "--cgroup-group" in result.stdout
+
+
+def test_the_metrics_exporter_serves_the_jobs_numbers_when_asked_for(
+    start_controller: Callable[..., ControllerProcess],
+) -> None:
+    with socket.socket() as probe:  # a free port: --metrics-port 0 means "no exporter"
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    controller = start_controller("--policy", "even", "--cpus", "0", "--metrics-port", str(port))
+    job = controller.run(*_python(SLEEP), name="scraped")
+    job_id = controller.registered(job).job_id
+
+    def scrape() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            return response.read().decode()
+
+    line = f'adloader_job_cores{{job_id="{job_id}",job_name="scraped"}} 1.0'
+    assert line in wait_until(lambda: line in scrape() and scrape(), 10, "the job's cores in /metrics")
+    assert 'adloader_node_info{backend="cgroup-v1",policy="even"' in scrape()
+    assert "adloader_control_loop_duration_seconds_count" in scrape()
