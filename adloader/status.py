@@ -22,6 +22,7 @@ from controller.snapshot import JobSnapshot, NodeSnapshot
 
 EXIT_NO_CONTROLLER = 2
 EXIT_REFUSED = 1
+"""The controller refused the request, or the command line asks for nothing sensible."""
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 
 COLUMNS = ("JOB", "ID", "STATE", "GPUS", "SAMPLES/S", "MAX/S", "GPU IDLE", "CORES", "WORKERS", "READ BW", "DATA WAIT")
@@ -38,6 +39,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.watch is not None and args.watch <= 0:
+        print("adloader status: --watch needs a positive number of seconds", file=sys.stderr)
+        return EXIT_REFUSED
     socket_path = args.socket or paths.default_socket_path()
     render = _render_json if args.json else render_table
     with ControllerClient(socket_path) as client:
@@ -53,9 +57,6 @@ def main(args: argparse.Namespace) -> int:
         if args.watch is None:
             print(render(first, time.time()))
             return 0
-        if args.watch <= 0:
-            print("adloader status: --watch needs a positive number of seconds", file=sys.stderr)
-            return EXIT_REFUSED
         return watch(client, render, args.watch, sys.stdout, first, gap="" if args.json else "\n")
 
 
