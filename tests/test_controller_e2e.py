@@ -237,3 +237,61 @@ def test_the_metrics_exporter_serves_the_jobs_numbers_when_asked_for(
     assert line in wait_until(lambda: line in scrape() and scrape(), 10, "the job's cores in /metrics")
     assert 'adloader_node_info{backend="cgroup-v1",policy="even"' in scrape()
     assert "adloader_control_loop_duration_seconds_count" in scrape()
+
+
+def _crash_at(controller: ControllerProcess, point: str) -> None:
+    """Restart ``controller`` armed to die at ``point`` (ADLOADER_FAULT_POINT)."""
+    controller.environ["ADLOADER_FAULT_POINT"] = point
+    controller.start(ready=False)
+
+
+def _restart_unarmed(controller: ControllerProcess) -> None:
+    assert controller.proc is not None and controller.proc.wait(20) == 137, controller.log()
+    assert "fault point" in controller.log()
+    controller.environ.pop("ADLOADER_FAULT_POINT")
+    controller.start()
+
+
+def test_a_crash_between_making_a_jobs_group_and_replying_leaves_a_job_the_next_start_adopts(
+    start_controller: Callable[..., ControllerProcess],
+) -> None:
+    controller = start_controller("--policy", "even", "--cpus", "0", environ=base_environment(
+        ADLOADER_FAULT_POINT="register.after_cgroup"))
+    job = controller.run(*_python(SLEEP), name="caught")
+    wait_until(lambda: controller.proc.poll() is not None, 20, "the controller to die at the fault point")
+    command = wait_until(lambda: psutil.Process(job.pid).children(), 20, "the command, run unmanaged")[0]
+    assert "unmanaged" in job.output()[1]
+    _restart_unarmed(controller)
+    (adopted,) = controller.status().jobs
+    assert adopted.name == f"adopted-{adopted.job_id}" and {job.pid, command.pid} <= set(adopted.pids)
+
+
+def test_a_crash_after_removing_a_dead_jobs_group_is_finished_by_the_next_start(
+    start_controller: Callable[..., ControllerProcess],
+) -> None:
+    controller = start_controller("--policy", "even", "--cpus", "0", environ=base_environment(
+        ADLOADER_FAULT_POINT="remove.mid_removal"))
+    job = controller.run(*_python(SLEEP), name="short")
+    job_id = controller.registered(job).job_id
+    job.kill_tree()
+    _restart_unarmed(controller)
+    assert controller.status().jobs == ()
+    assert not controller.job_dir("cpu", job_id).exists()
+    assert json.loads((controller.state_dir / "state.json").read_text())["payload"]["jobs"] == {}
+
+
+@pytest.mark.parametrize("point", ["adopt.mid_adoption", "loop.after_reconcile"])
+def test_a_crash_while_adopting_or_applying_is_recovered_by_the_next_start(
+    controller: ControllerProcess, point: str,
+) -> None:
+    jobs = [controller.run(*_python(SLEEP), name=f"job-{i}") for i in range(2)]
+    ids = sorted(controller.registered(job).job_id for job in jobs)
+    controller.kill()
+    for job_id in ids:
+        (controller.job_dir("cpu", job_id) / "cpu.cfs_quota_us").write_text("-1")
+    _crash_at(controller, point)
+    _restart_unarmed(controller)
+    for job_id in ids:
+        wait_until(lambda: _cores_in_status(controller, job_id, 0.5), 10, f"job {job_id} adopted and limited")
+        assert _quota_cores(controller, job_id) == 0.5
+    assert sorted(j.job_id for j in controller.status().jobs) == ids
