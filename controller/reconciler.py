@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
+from controller import faults
 from controller.backends.base import BackendError, ResourceBackend
 from controller.policies.base import JobAllocation, NodeResources
 
@@ -54,6 +55,8 @@ def reconcile(
     changes: list[Change] = []
     failures: list[Failure] = []
     for job_id, want in wanted.items():
+        if changes:
+            faults.hit("reconcile.between_jobs")  # earlier jobs have their new limits, this one not yet
         in_force = replace(applied.get(job_id, JobAllocation()), workers=want.workers)
         for field, target, apply in _enforceable_fields(backend, node, job_id, want):
             old = getattr(in_force, field)
