@@ -24,6 +24,7 @@ from adloader import __version__, protocol
 from controller import faults
 from controller.backends.base import BackendError, ResourceBackend
 from controller.backends.detect import detect_backend
+from controller.cpuspec import format_cpus
 from controller.loop import ControlLoop
 from controller.peer import peer_belongs_to_job
 from controller.policies import JobAllocation, NodeResources, PolicyError, make_policy, policy_names
@@ -98,6 +99,10 @@ class Controller:
         try:
             self.recover()
             self._start_metrics()
+            log.info("managing CPUs %s with policy %s, period %gs, read bandwidth %s; %d job(s) adopted",
+                     format_cpus(self.node.cpus), self.loop.policy.name, self.config.period_s,
+                     f"{self.node.read_bps:g} B/s on {self.node.read_device}" if self.node.read_bps else "unmanaged",
+                     len(self.registry))
             while not self._stopping:
                 self._guarded_step()
                 try:
@@ -149,7 +154,7 @@ class Controller:
         elif loaded.state is not None:
             persisted = dict(loaded.state.jobs)
             if self.config.policy is None:
-                self._set_policy_quietly(loaded.state.policy)
+                self._restore_saved_policy(loaded.state.policy)
         existing = set(self.backend.existing_jobs())
         adopted = 0
         for job_id in sorted(existing | set(persisted)):
@@ -174,18 +179,18 @@ class Controller:
 
     def _rebuilt_record(self, job_id: str, pids: set[int]) -> PersistedJob:
         """What can be known of a job the state file does not describe: its processes' owner."""
-        oldest = min(pids)
+        lowest = min(pids)
         try:
-            uid = (self.config.proc / str(oldest)).stat().st_uid
+            uid = (self.config.proc / str(lowest)).stat().st_uid
         except OSError:
             uid = 0
         return PersistedJob(
-            job_id=job_id, name=f"adopted-{job_id}", uid=uid, gpus=1, launcher_pid=oldest,
+            job_id=job_id, name=f"adopted-{job_id}", uid=uid, gpus=1, launcher_pid=lowest,
             registered_at=time.time(), cgroup="", allocation=JobAllocation(), requested_workers=None,
             features=None,
         )
 
-    def _set_policy_quietly(self, name: str) -> None:
+    def _restore_saved_policy(self, name: str) -> None:
         try:
             self.loop.policy = make_policy(name)
         except PolicyError as exc:
