@@ -136,6 +136,7 @@ def supervise(command: Sequence[str], environ: Mapping[str, str]) -> int:
     Signals are blocked and taken with sigwaitinfo, so none is lost between the spawn and
     the wait, and the terminal's own signals can be told apart from kill(2)'s."""
     watched = {signal.SIGCHLD, *FORWARDED_SIGNALS}
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # an inherited SIG_IGN would reap the command for us
     previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
     try:
         try:

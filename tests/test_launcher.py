@@ -151,3 +151,15 @@ def test_wait_statuses_become_shell_exit_codes() -> None:
     _, status = os.waitpid(done.pid, 0)
     done.returncode = 5
     assert exit_code_of(status) == 5
+
+
+def test_the_exit_code_passes_even_when_the_launcher_inherits_sigchld_ignored(tmp_path: Path) -> None:
+    def ignore_sigchld() -> None:  # survives exec, as it would from a careless parent
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+
+    result = subprocess.run(
+        [sys.executable, "-m", "adloader", "run", "--", *_python("import sys; sys.exit(3)")],
+        cwd=REPO, env=base_environment(ADLOADER_SOCKET=str(tmp_path / "none.sock")), capture_output=True,
+        timeout=30, preexec_fn=ignore_sigchld,
+    )
+    assert result.returncode == 3, result.stderr
