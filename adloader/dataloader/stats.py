@@ -1,0 +1,151 @@
+"""What the loader measures: cumulative counters, per-step timing, worker CPU and reads.
+
+Counters are cumulative since the loader was created (the controller diffs
+them, so a lost report loses nothing). Each counter has one writer: the
+training thread writes the step counters, the dispatcher thread the worker
+counters, so no lock is needed; a reader may see a report a batch old.
+
+Worker CPU seconds and read bytes are measured *by each worker about itself*
+and sent with every batch: ``time.process_time()`` deltas and the
+``read_bytes`` field of ``/proc/self/io``. ``read_bytes`` counts bytes the
+process caused to be fetched from storage; page-cache hits do not count (they
+show only in ``rchar``), so a dataset that fits in the page cache reads ~0
+bytes per sample after the first epoch. That is the quantity the controller
+needs: bandwidth actually asked of the disk.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Callable
+
+
+@dataclass
+class LoaderCounters:
+    """Cumulative counters of one loader (or, summed, of one process)."""
+
+    batches: int = 0
+    samples: int = 0
+    data_wait_s: float = 0.0
+    compute_s: float = 0.0
+    worker_cpu_s: float = 0.0
+    read_bytes: int = 0
+
+    def __add__(self, other: "LoaderCounters") -> "LoaderCounters":
+        return LoaderCounters(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
+
+    def copy(self) -> "LoaderCounters":
+        return LoaderCounters(**{f.name: getattr(self, f.name) for f in fields(self)})
+
+
+class ResourceMeter:
+    """CPU seconds and storage read bytes since the previous call, of this process (in a worker) or of
+    this thread only (``scope="thread-self"``, for batches loaded in the training process)."""
+
+    def __init__(self, proc_root: str | Path = "/proc", scope: str = "self") -> None:
+        self._io_path = Path(proc_root) / scope / "io"
+        self._cpu_clock = time.thread_time if scope == "thread-self" else time.process_time
+        self._cpu = self._cpu_clock()
+        self._read = 0
+        self._read = self._read_bytes()
+
+    def delta(self) -> tuple[float, int]:
+        cpu = self._cpu_clock()
+        read = self._read_bytes()
+        delta = (max(0.0, cpu - self._cpu), max(0, read - self._read))
+        self._cpu, self._read = cpu, read
+        return delta
+
+    def _read_bytes(self) -> int:
+        try:
+            with open(self._io_path, "rb") as f:
+                for line in f:
+                    if line.startswith(b"read_bytes:"):
+                        return int(line.split()[1])
+        except OSError:
+            pass  # no /proc (or no permission): report no reads rather than fail the batch
+        return self._read
+
+
+@dataclass
+class StepTimer:
+    """Splits wall time into data wait (blocked in ``__next__``) and compute (between calls).
+
+    On CPU the wall clock is the truth. With CUDA, the time between ``__next__``
+    calls is only kernel-launch time, so :class:`CudaStepTimer` measures GPU
+    starvation instead. ``clock`` is injectable for tests."""
+
+    counters: LoaderCounters
+    clock: Callable[[], float] = time.perf_counter
+    _entered: float = 0.0
+    _left: float | None = None
+
+    def enter(self) -> None:
+        """Called when ``__next__`` starts."""
+        now = self.clock()
+        if self._left is not None:
+            self.counters.compute_s += now - self._left
+        self._entered = now
+
+    def leave(self, delivered: bool) -> None:
+        """Called when ``__next__`` returns a batch (``delivered``) or ends the epoch."""
+        now = self.clock()
+        if delivered:
+            self.counters.data_wait_s += now - self._entered
+            self._left = now
+        else:
+            self._left = None  # the gap to the next epoch is not a training step
+
+
+@dataclass
+class CudaStepTimer(StepTimer):
+    """GPU starvation from CUDA events, read a step later so nothing forces a sync.
+
+    Event A is recorded on the current stream when ``__next__`` starts, event B
+    when it returns. The GPU passes A when it has finished the work queued
+    before the wait, and B once the CPU has the batch and queues more; so
+    elapsed(A, B) is the time the GPU sat idle for data (zero when the wait was
+    hidden behind queued kernels), and elapsed(B, next A) is GPU compute.
+    Completed pairs are harvested with ``Event.query()`` on later steps."""
+
+    _pending: list = field(default_factory=list)
+    _current: list = field(default_factory=list)
+
+    def enter(self) -> None:
+        import torch
+
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        if self._current:  # [A, B] of the previous step: its compute ends at this A
+            self._pending.append((*self._current, event))
+        self._current = [event]
+        self._harvest()
+
+    def leave(self, delivered: bool) -> None:
+        import torch
+
+        if not delivered:
+            self._current = []
+            return
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        self._current.append(event)
+
+    def _harvest(self) -> None:
+        while self._pending and self._pending[0][2].query():
+            start, got, end = self._pending.pop(0)
+            self.counters.data_wait_s += start.elapsed_time(got) / 1000.0
+            self.counters.compute_s += got.elapsed_time(end) / 1000.0
+
+
+def make_step_timer(counters: LoaderCounters) -> StepTimer:
+    """The CUDA-event timer when CUDA is initialised in this process, else the wall-clock one."""
+    try:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            return CudaStepTimer(counters)
+    except Exception:  # a broken CUDA install must not break data loading
+        pass
+    return StepTimer(counters)

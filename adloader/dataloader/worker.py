@@ -1,0 +1,122 @@
+"""The loop a loader worker process runs, and the messages it exchanges with the dispatcher.
+
+One duplex connection per worker (no queue shared between workers, so a
+worker killed mid-write cannot wedge the others). The worker keeps the tasks
+it was sent in a local FIFO, draining the connection before each batch, so a
+RETIRE message is seen between two batches: the worker answers with the tasks
+it had not started, and the dispatcher gives those to others.
+
+A worker exits only on STOP (or when the training process goes away): tensors
+travel as shared-memory file descriptors that the receiver fetches from the
+sender *while unpickling*, so a worker must stay alive until everything it
+sent has been read. After RETIRED the dispatcher, having read all, sends STOP.
+
+Messages (tuples, first item the kind):
+  dispatcher -> worker: (TASK, epoch, batch, payload, seed), (RETIRE,), (STOP,)
+  worker -> dispatcher: (READY, pid, cpu_s, read_bytes), (INIT_FAILED, wrapped_exc, cpu_s, read_bytes),
+                        (RESULT, epoch, batch, n_samples, failed, cpu_s, read_bytes) then the batch itself
+                        as a separate message of pickled bytes (so a batch that cannot be rebuilt is
+                        known by number), (ENDED, epoch, batch, cpu_s, read_bytes),
+                        (RETIRED, [batch, ...], cpu_s, read_bytes)
+``cpu_s`` and ``read_bytes`` are this worker's deltas since its previous message.
+"""
+from __future__ import annotations
+
+import os
+from collections import deque
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+import torch
+import torch.utils.data._utils.worker as torch_worker
+from torch._utils import ExceptionWrapper
+
+from adloader.dataloader.fetch import FetchSpec, StreamEnded, fetch_iterable, fetch_map
+from adloader.dataloader.seeding import MASK64, seed_all
+from adloader.dataloader.stats import ResourceMeter
+
+TASK, RETIRE, STOP = "task", "retire", "stop"
+READY, INIT_FAILED, RESULT, ENDED, RETIRED = "ready", "init_failed", "result", "ended", "retired"
+
+
+@dataclass(frozen=True)
+class WorkerIdentity:
+    """What ``torch.utils.data.get_worker_info()`` reports in this worker."""
+
+    id: int
+    num_workers: int
+    seed: int
+
+
+def worker_main(conn: Connection, spec: FetchSpec | bytes, identity: WorkerIdentity, proc_root: str) -> None:
+    """Run one worker until told to stop or retire, or until the training process goes away."""
+    meter = ResourceMeter(proc_root)
+    try:
+        if isinstance(spec, bytes):  # spawn/forkserver: each worker unpickles its own copy, as torch's do
+            spec = ForkingPickler.loads(spec)
+        _become_worker(spec, identity)
+    except Exception:
+        conn.send((INIT_FAILED, ExceptionWrapper(where=f"in loader worker {identity.id} start-up"), *meter.delta()))
+        return
+    conn.send((READY, os.getpid(), *meter.delta()))
+    _serve(conn, spec, meter, identity.id)
+
+
+def _become_worker(spec: FetchSpec, identity: WorkerIdentity) -> None:
+    """Set up the process the way torch sets up its workers, so datasets see the same world."""
+    torch.set_num_threads(1)
+    seed_all(identity.seed)
+    # torch.utils.data.get_worker_info() returns this module global; default_collate also reads
+    # it to build batches directly in shared memory.
+    torch_worker._worker_info = torch_worker.WorkerInfo(
+        id=identity.id, num_workers=identity.num_workers, seed=identity.seed & MASK64, dataset=spec.dataset
+    )
+    if spec.worker_init_fn is not None:
+        spec.worker_init_fn(identity.id)
+
+
+def _serve(conn: Connection, spec: FetchSpec, meter: ResourceMeter, worker_id: int) -> None:
+    tasks: deque[tuple[Any, ...]] = deque()
+    stream = None
+    stream_epoch = -1
+    while True:
+        while not tasks or conn.poll(0):
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):
+                return  # the training process closed our connection: it is gone or shutting down
+            if message[0] == TASK:
+                tasks.append(message)
+            elif message[0] == RETIRE:
+                conn.send((RETIRED, [task[2] for task in tasks], *meter.delta()))
+                tasks.clear()
+            else:  # STOP
+                return
+        _, epoch, batch, payload, seed = tasks.popleft()
+        seed_all(seed)
+        try:
+            if spec.iterable:
+                if epoch != stream_epoch:
+                    stream, stream_epoch = iter(spec.dataset), epoch
+                data, n_samples = fetch_iterable(spec, stream, payload)
+            else:
+                data, n_samples = fetch_map(spec, payload)
+            failed = False
+        except StreamEnded:
+            conn.send((ENDED, epoch, batch, *meter.delta()))
+            continue
+        except Exception:
+            data, n_samples, failed = ExceptionWrapper(where=f"in loader worker {worker_id}"), 0, True
+        try:
+            pickled = ForkingPickler.dumps(data)
+        except Exception:  # the batch cannot be pickled: report that as the batch's error
+            pickled = ForkingPickler.dumps(ExceptionWrapper(where=f"pickling a batch in loader worker {worker_id}"))
+            n_samples, failed = 0, True
+        del data
+        try:
+            conn.send((RESULT, epoch, batch, n_samples, failed, *meter.delta()))
+            conn.send_bytes(pickled)
+        except (BrokenPipeError, ConnectionResetError):
+            return
