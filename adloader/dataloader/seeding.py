@@ -4,10 +4,12 @@ torch's loader seeds each *worker* once (``base_seed + worker_id``), so which
 random crop a sample gets depends on which worker happened to load it. Here
 every batch is seeded on its own before it is fetched:
 
-    seed(epoch e, batch k) = SeedSequence([base_seed, e, k]).generate_state(4)  (numpy's SeedSequence)
+    words = SeedSequence([base_seed, e, k]).generate_state(10)   (numpy's SeedSequence, 32-bit words)
+    random.seed(words 0-3 as one 128-bit int), numpy.random.seed(words 4-7),
+    torch's CPU generator .manual_seed(words 8-9 as one 64-bit int)
 
-``random`` gets the full 128 bits, ``torch`` the first 64, ``numpy.random``
-the four 32-bit words. ``base_seed`` is drawn from the loader's ``generator``
+Disjoint words, so ``random`` and ``numpy`` (both Mersenne Twisters seeded
+the same way) do not draw the same numbers. ``base_seed`` is drawn from the loader's ``generator``
 (or torch's global RNG) at ``iter()`` exactly as torch draws it, so the
 sampler's shuffle, and with it the batch indices, equal torch's. ``e`` counts
 the loader's epochs, so persistent workers (torch draws ``base_seed`` once for
@@ -23,19 +25,22 @@ import numpy as np
 import torch
 
 MASK64 = (1 << 64) - 1
+SEED_WORDS = 10
 
 
 def batch_seed(base_seed: int, epoch: int, batch: int) -> int:
-    """The 128-bit seed of batch ``batch`` of epoch ``epoch`` (a pure function)."""
-    words = np.random.SeedSequence([base_seed & MASK64, epoch, batch]).generate_state(4, np.uint32)
-    return int(words[0]) | int(words[1]) << 32 | int(words[2]) << 64 | int(words[3]) << 96
+    """The 320-bit seed of batch ``batch`` of epoch ``epoch`` (a pure function); see :func:`seed_all`."""
+    words = np.random.SeedSequence([base_seed & MASK64, epoch, batch]).generate_state(SEED_WORDS, np.uint32)
+    return sum(int(word) << (32 * i) for i, word in enumerate(words))
 
 
 def seed_all(seed: int) -> None:
-    """Seed ``random``, torch's CPU generator and ``numpy.random`` of this process from one seed."""
-    random.seed(seed)
-    torch.default_generator.manual_seed(seed & MASK64)  # torch.manual_seed also reseeds every device: ~100x slower
-    np.random.seed([(seed >> shift) & 0xFFFFFFFF for shift in (0, 32, 64, 96)])
+    """Seed ``random``, ``numpy.random`` and torch's CPU generator of this process from disjoint parts of
+    one :func:`batch_seed` value (or any int: missing words are zero)."""
+    words = [(seed >> (32 * i)) & 0xFFFFFFFF for i in range(SEED_WORDS)]
+    random.seed(words[0] | words[1] << 32 | words[2] << 64 | words[3] << 96)
+    np.random.seed(words[4:8])
+    torch.default_generator.manual_seed(words[8] | words[9] << 32)  # torch.manual_seed also reseeds devices: 100x slower
 
 
 def draw_base_seed(generator: torch.Generator | None) -> int:

@@ -1,0 +1,499 @@
+"""adloader.DataLoader against torch's DataLoader and its own promises: same batches, live resizes,
+dead workers, per-batch seeding, checkpoints, and no process left behind. Real worker processes
+throughout; datasets return their indices so delivery can be checked exactly."""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import threading
+import time
+import warnings
+
+import numpy as np
+import psutil
+import pytest
+import torch
+from torch.utils.data import BatchSampler, Dataset, IterableDataset, RandomSampler, SequentialSampler, get_worker_info
+
+from adloader import DataLoader
+from adloader.dataloader import BadLoaderState, PoisonBatchError, UnsupportedOption, WorkerDiedWarning
+from adloader.dataloader.stats import LoaderCounters, StepTimer
+
+pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
+
+
+class Indices(Dataset):
+    """Sample i is the tensor [i]; ``delay`` seconds of work per sample."""
+
+    def __init__(self, n: int, delay: float = 0.0) -> None:
+        self.n, self.delay = n, delay
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if self.delay:
+            time.sleep(self.delay)
+        return torch.tensor([i])
+
+
+class Augmented(Dataset):
+    """Sample i plus random draws from the three RNGs an augmentation pipeline uses."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([i, torch.rand(()).item(), random.random(), float(np.random.rand())], dtype=torch.float64)
+
+
+class Shards(IterableDataset):
+    """Each worker streams every num_workers-th number, as torch's docs recommend."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __iter__(self):
+        info = get_worker_info()
+        wid, count = (info.id, info.num_workers) if info else (0, 1)
+        return iter(range(wid, self.n, count))
+
+
+def flat(batches) -> list[int]:
+    return [int(x) for b in batches for x in b.view(-1).tolist()]
+
+
+def lists(loader) -> list[list[int]]:
+    return [b.view(-1).tolist() for b in loader]
+
+
+def alive(pids) -> list[int]:
+    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+# ------------------------------------------------------------------ same batches as torch
+
+
+@pytest.mark.parametrize("num_workers,persistent", [(0, False), (2, False), (2, True)])
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_batches_equal_torchs_batch_for_batch(num_workers: int, persistent: bool, shuffle: bool,
+                                              drop_last: bool) -> None:
+    def run(cls) -> list[list[list[int]]]:
+        loader = cls(Indices(53), batch_size=5, shuffle=shuffle, drop_last=drop_last, num_workers=num_workers,
+                     generator=torch.Generator().manual_seed(7), persistent_workers=persistent)
+        return [lists(loader) for _ in range(2)]  # two epochs: the generator carries over
+
+    assert run(DataLoader) == run(torch.utils.data.DataLoader)
+
+
+def test_global_rng_draws_match_torch_when_no_generator_is_given() -> None:
+    def run(cls) -> list[list[int]]:
+        torch.manual_seed(11)
+        first = lists(cls(Indices(30), batch_size=4, shuffle=True, num_workers=2))
+        return first + [[int(torch.randint(0, 1000, ()))]]  # the global RNG is left where torch leaves it
+
+    assert run(DataLoader) == run(torch.utils.data.DataLoader)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_custom_samplers_and_unbatched_loading_equal_torch(num_workers: int) -> None:
+    dataset = Indices(23)
+    cases = [
+        dict(sampler=RandomSampler(dataset, replacement=True, num_samples=31, generator=torch.Generator().manual_seed(3)),
+             batch_size=4),
+        dict(batch_sampler=BatchSampler(SequentialSampler(dataset), 6, drop_last=False)),
+        dict(batch_size=None),
+    ]
+    for kwargs in cases:
+        ours = lists(DataLoader(dataset, num_workers=num_workers, **kwargs))
+        if "sampler" in kwargs:
+            kwargs["sampler"].generator.manual_seed(3)
+        theirs = lists(torch.utils.data.DataLoader(dataset, num_workers=num_workers, **kwargs))
+        assert ours == theirs
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 3])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_iterable_dataset_equals_torch(num_workers: int, drop_last: bool) -> None:
+    ours = lists(DataLoader(Shards(50), batch_size=4, num_workers=num_workers, drop_last=drop_last))
+    theirs = lists(torch.utils.data.DataLoader(Shards(50), batch_size=4, num_workers=num_workers, drop_last=drop_last))
+    assert ours == theirs
+
+
+def test_it_is_a_torch_dataloader_with_torchs_attributes() -> None:
+    loader = DataLoader(Indices(10), batch_size=3, num_workers=2)
+    assert isinstance(loader, torch.utils.data.DataLoader)
+    assert len(loader) == 4 and loader.batch_size == 3 and loader.num_workers == 2
+    assert len(iter(loader)) == 4
+
+
+def test_unsupported_options_are_rejected_with_a_reason() -> None:
+    with pytest.raises(UnsupportedOption, match="in_order=False"):
+        DataLoader(Indices(4), in_order=False)
+    with pytest.raises(UnsupportedOption, match="prefetch_factor=0"):
+        DataLoader(Indices(4), num_workers=1, prefetch_factor=0)
+    with pytest.raises(ValueError, match="sampler option is mutually exclusive with shuffle"):  # torch's own check
+        DataLoader(Indices(4), shuffle=True, sampler=SequentialSampler(range(4)))
+    loader = DataLoader(Indices(4))
+    for bad in (-1, 5000, 1.5, "2"):
+        with pytest.raises(ValueError):
+            loader.set_num_workers(bad)
+
+
+# ------------------------------------------------------------------ the worker's world
+
+
+def _record_init(worker_id: int) -> None:
+    os.environ["ADL_TEST_INIT"] = str(worker_id)
+
+
+class WhoLoads(Dataset):
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        info = get_worker_info()
+        return torch.tensor([i, info.id, info.num_workers, int(os.environ["ADL_TEST_INIT"]), os.getpid(),
+                             torch.get_num_threads()])
+
+
+def test_workers_see_get_worker_info_and_ran_worker_init_fn() -> None:
+    loader = DataLoader(WhoLoads(), batch_size=2, num_workers=2, worker_init_fn=_record_init)
+    rows = torch.cat(list(loader)).tolist()
+    assert [r[0] for r in rows] == list(range(12))
+    assert {r[1] for r in rows} <= {0, 1} and all(r[2] == 2 for r in rows)
+    assert all(r[3] == r[1] for r in rows)  # worker_init_fn ran in that worker with its id
+    assert os.getpid() not in {r[4] for r in rows} and all(r[5] == 1 for r in rows)
+
+
+class FailsAt(Dataset):
+    def __init__(self, bad: int) -> None:
+        self.bad = bad
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i == self.bad:
+            raise KeyError(f"no sample {i}")
+        return torch.tensor([i])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_dataset_error_is_raised_at_its_batch_and_the_epoch_goes_on(num_workers: int) -> None:
+    it = iter(DataLoader(FailsAt(5), batch_size=2, num_workers=num_workers))
+    assert flat([next(it), next(it)]) == [0, 1, 2, 3]
+    with pytest.raises(KeyError, match="no sample 5"):
+        next(it)
+    assert flat(it) == [6, 7, 8, 9, 10, 11]
+
+
+def test_timeout_raises_like_torch() -> None:
+    loader = DataLoader(Indices(4, delay=3.0), batch_size=2, num_workers=1, timeout=0.3)
+    with pytest.raises(RuntimeError, match="timed out after 0.3 seconds"):
+        next(iter(loader))
+    loader.close()
+
+
+def test_pin_memory_without_an_accelerator_warns_and_still_loads() -> None:
+    if torch.accelerator.is_available():
+        pytest.skip("this machine has an accelerator: pinning really happens")
+    with pytest.warns(UserWarning, match="pin_memory"):
+        batches = lists(DataLoader(Indices(6), batch_size=3, num_workers=1, pin_memory=True))
+    assert batches == [[0, 1, 2], [3, 4, 5]]
+
+
+class NeedsPickling(Dataset):
+    def __len__(self) -> int:
+        return 9
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        return torch.tensor([i, os.getpid()])
+
+
+def test_spawn_context_loads_and_resizes() -> None:
+    loader = DataLoader(NeedsPickling(), batch_size=1, num_workers=1, multiprocessing_context="spawn")
+    it = iter(loader)
+    rows = [next(it)]
+    loader.set_num_workers(2)
+    rows += list(it)
+    assert [int(r[0, 0]) for r in rows] == list(range(9))
+    assert os.getpid() not in {int(r[0, 1]) for r in rows}
+
+
+# ------------------------------------------------------------------ resizing and dying
+
+
+def test_resize_mid_epoch_up_down_to_zero_and_back_delivers_everything_in_order() -> None:
+    loader = DataLoader(Indices(120, delay=0.001), batch_size=2, num_workers=2)
+    seen, counts = [], []
+    schedule = {3: 4, 12: 1, 20: 0, 28: 3, 40: 1}
+    for k, batch in enumerate(loader):
+        seen += batch.view(-1).tolist()
+        if k in schedule:
+            loader.set_num_workers(schedule[k])
+            assert loader.num_workers == schedule[k]
+        counts.append(len(loader.worker_pids()))
+    assert seen == list(range(120))
+    assert max(counts) >= 3 and 0 in counts
+
+
+def test_zero_workers_grow_mid_epoch_into_a_pool() -> None:
+    loader = DataLoader(Indices(40), batch_size=2, num_workers=0)
+    it = iter(loader)
+    seen = flat([next(it) for _ in range(3)])
+    loader.set_num_workers(2)
+    pids_seen = set()
+    for batch in it:
+        seen += batch.view(-1).tolist()
+        pids_seen.update(loader.worker_pids())
+    assert seen == list(range(40)) and len(pids_seen) >= 2
+
+
+def test_set_num_workers_from_another_thread_takes_effect() -> None:
+    loader = DataLoader(Indices(400, delay=0.002), batch_size=2, num_workers=1, persistent_workers=True)
+    it = iter(loader)
+    next(it)
+    threading.Thread(target=loader.set_num_workers, args=(3,)).start()
+    deadline = time.monotonic() + 10
+    while len(loader.resize_latencies()) < 2 and time.monotonic() < deadline:
+        next(it)
+    assert loader.running_workers() == 3
+    assert len(loader.resize_latencies()) == 2, "both new workers delivered batches"
+    loader.close()
+
+
+def test_a_killed_worker_warns_and_its_batches_are_loaded_by_others() -> None:
+    loader = DataLoader(Indices(60, delay=0.003), batch_size=2, num_workers=2)
+    seen = []
+    with pytest.warns(WorkerDiedWarning, match="SIGKILL"):
+        for k, batch in enumerate(loader):
+            seen += batch.view(-1).tolist()
+            if k == 3:
+                os.kill(loader.worker_pids()[0], signal.SIGKILL)
+    assert seen == list(range(60))
+
+
+class KillsItsLoader(Dataset):
+    def __len__(self) -> int:
+        return 20
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i in (8, 9):
+            os.kill(os.getpid(), signal.SIGKILL)
+        return torch.tensor([i])
+
+
+def test_a_batch_that_kills_every_worker_ends_in_an_error_naming_its_indices() -> None:
+    loader = DataLoader(KillsItsLoader(), batch_size=2, num_workers=2)
+    it = iter(loader)
+    seen = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", WorkerDiedWarning)
+        while True:
+            try:
+                seen += next(it).view(-1).tolist()
+            except PoisonBatchError as exc:
+                assert exc.batch == 4 and exc.indices == [8, 9]
+                assert "[8, 9]" in str(exc) and "SIGKILL" in str(exc)
+                break
+        seen += flat(it)
+    assert seen == [i for i in range(20) if i not in (8, 9)]
+
+
+def test_the_spawner_helper_dying_is_survived() -> None:
+    loader = DataLoader(Indices(60, delay=0.003), batch_size=2, num_workers=2)
+    it = iter(loader)
+    seen = flat([next(it)])
+    os.kill(it.source.spawner_pid(), signal.SIGKILL)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", WorkerDiedWarning)
+        seen += flat(it)
+    assert seen == list(range(60))
+
+
+def test_no_process_outlives_its_epoch_or_close() -> None:
+    loader = DataLoader(Indices(20), batch_size=2, num_workers=2)
+    it = iter(loader)
+    next(it)
+    pids = loader.worker_pids() + [it.source.spawner_pid()]
+    assert len(alive(pids)) == 3
+    list(it)  # a non-persistent epoch ends: its processes go
+    assert alive(pids) == []
+    persistent = DataLoader(Indices(20), batch_size=2, num_workers=2, persistent_workers=True)
+    list(persistent)
+    pids = persistent.worker_pids()
+    assert len(alive(pids)) == 2
+    persistent.close()
+    assert alive(pids) == []
+
+
+# ------------------------------------------------------------------ per-batch seeding
+
+
+def _augmented_epochs(schedule: dict[int, int], start: int, persistent: bool = False) -> list[list[float]]:
+    loader = DataLoader(Augmented(), batch_size=3, shuffle=True, num_workers=start,
+                        generator=torch.Generator().manual_seed(42), persistent_workers=persistent and start > 0)
+    rows = []
+    for _ in range(2):
+        for k, batch in enumerate(loader):
+            rows += batch.tolist()
+            if k in schedule:
+                loader.set_num_workers(schedule[k])
+    loader.close()
+    return rows
+
+
+def test_augmentation_randomness_is_the_same_whatever_the_pool_did() -> None:
+    reference = _augmented_epochs({}, start=0)
+    assert _augmented_epochs({}, start=2) == reference
+    assert _augmented_epochs({1: 3, 4: 1, 6: 0}, start=1) == reference
+    first, second = reference[:24], reference[24:]
+    assert sorted(r[0] for r in first) == sorted(r[0] for r in second) == list(range(24))
+    assert {r[1] for r in first}.isdisjoint({r[1] for r in second}), "each epoch draws new augmentations"
+    assert all(len({r[1], r[2], r[3]}) == 3 for r in reference), "torch, random and numpy draw differently"
+    # persistent workers draw the base seed once (as torch), so they get their own, equally stable, stream
+    persistent = _augmented_epochs({}, start=2, persistent=True)
+    assert _augmented_epochs({2: 1, 5: 3}, start=1, persistent=True) == persistent
+    assert {r[1] for r in persistent[:24]}.isdisjoint({r[1] for r in persistent[24:]})
+
+
+def test_loading_in_process_leaves_the_trainers_rng_alone() -> None:
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+    list(DataLoader(Augmented(), batch_size=4, num_workers=0, generator=torch.Generator()))
+    after = (torch.rand(()).item(), random.random(), float(np.random.rand()))
+    torch.manual_seed(0)
+    random.seed(0)
+    np.random.seed(0)
+    assert after == (torch.rand(()).item(), random.random(), float(np.random.rand()))
+
+
+# ------------------------------------------------------------------ checkpoints
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("with_generator", [True, False])
+def test_state_dict_mid_epoch_resumes_with_the_next_unseen_batch(persistent: bool, with_generator: bool) -> None:
+    def make(workers: int) -> DataLoader:
+        torch.manual_seed(5)
+        generator = torch.Generator().manual_seed(5) if with_generator else None
+        return DataLoader(Augmented(), batch_size=5, shuffle=True, num_workers=workers, generator=generator,
+                          persistent_workers=persistent)
+
+    reference = make(2)
+    full = [lists(reference) for _ in range(2)]
+    reference.close()
+
+    loader = make(2)
+    first_epoch = lists(loader)
+    it = iter(loader)
+    head = [next(it).view(-1).tolist() for _ in range(2)]
+    state = loader.state_dict()
+    loader.close()
+
+    resumed = make(1)  # another worker count, as a restarted job may have
+    resumed.load_state_dict(state)
+    tail = lists(resumed)
+    resumed.close()
+    assert [first_epoch, head + tail] == full
+
+
+def test_state_dict_between_epochs_continues_with_the_next_epoch() -> None:
+    def make() -> DataLoader:
+        return DataLoader(Indices(17), batch_size=4, shuffle=True, num_workers=1,
+                          generator=torch.Generator().manual_seed(9))
+
+    reference = make()
+    epochs = [lists(reference) for _ in range(3)]
+    loader = make()
+    lists(loader)
+    state = loader.state_dict()
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert [lists(resumed), lists(resumed)] == epochs[1:]
+
+
+def test_iterable_state_dict_resumes_the_same_stream() -> None:
+    loader = DataLoader(Shards(40), batch_size=3, num_workers=2)
+    full = lists(loader)
+    it = iter(loader)
+    head = [next(it).view(-1).tolist() for _ in range(4)]
+    state = loader.state_dict()
+    del it
+    resumed = DataLoader(Shards(40), batch_size=3, num_workers=3)
+    resumed.load_state_dict(state)
+    assert head + lists(resumed) == full
+
+
+def test_load_state_dict_rejects_foreign_states() -> None:
+    loader = DataLoader(Indices(8))
+    with pytest.raises(BadLoaderState, match="version"):
+        loader.load_state_dict({"sampler_iter_yielded": 3})
+    with pytest.raises(BadLoaderState, match="lacks"):
+        loader.load_state_dict({"version": 1, "epochs_started": 1, "in_epoch": True})
+
+
+# ------------------------------------------------------------------ iterable datasets resize at epoch boundaries
+
+
+def test_iterable_resize_applies_at_the_next_epoch_with_exact_shards() -> None:
+    loader = DataLoader(Shards(40), batch_size=4, num_workers=2, persistent_workers=True)
+    it = iter(loader)
+    seen = flat([next(it)])
+    loader.set_num_workers(3)
+    seen += flat(it)
+    assert sorted(seen) == list(range(40))
+    assert lists(loader) == lists(torch.utils.data.DataLoader(Shards(40), batch_size=4, num_workers=3))
+    assert loader.running_workers() == 3
+    loader.close()
+
+
+# ------------------------------------------------------------------ measurement
+
+
+def test_counters_measure_batches_samples_worker_cpu_and_disk_reads(tmp_path) -> None:
+    path = tmp_path / "blob"
+    path.write_bytes(os.urandom(1 << 20))
+
+    class ReadsFromDisk(Dataset):
+        def __len__(self) -> int:
+            return 8
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # this file only: its pages leave the cache
+                data = os.read(fd, 1 << 20)
+            finally:
+                os.close(fd)
+            sum(range(20000))  # some CPU
+            return torch.tensor([i, len(data)])
+
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+    loader = DataLoader(ReadsFromDisk(), batch_size=2, num_workers=2)
+    assert [r[1] for r in torch.cat(list(loader)).tolist()] == [1 << 20] * 8
+    counters = loader.counters
+    assert counters.batches == 4 and counters.samples == 8
+    assert counters.worker_cpu_s > 0 and counters.data_wait_s > 0
+    assert counters.read_bytes >= 4 << 20, "read_bytes counts what came from storage"
+
+
+def test_step_timer_splits_wait_from_compute() -> None:
+    now = [0.0]
+    counters = LoaderCounters()
+    timer = StepTimer(counters, clock=lambda: now[0])
+    for wait, compute in [(0.5, 2.0), (0.25, 1.0)]:
+        timer.enter()
+        now[0] += wait
+        timer.leave(delivered=True)
+        now[0] += compute
+    timer.enter()
+    timer.leave(delivered=False)  # the epoch ends: the gap before the next one is not a step
+    now[0] += 100
+    timer.enter()
+    assert (counters.data_wait_s, counters.compute_s) == (0.75, 3.0)
