@@ -172,16 +172,15 @@ class Reporter:
                 self._stop.wait(backoff)
                 backoff = min(MAX_BACKOFF_S, backoff * 2)
                 continue
-            except ControllerRefused as exc:
+            except ControllerRefused as exc:  # it answered: connected, but it did not take the report
                 if exc.code not in self._refusals_logged:
                     self._refusals_logged.add(exc.code)
                     log.warning("adloader: the controller refused this rank's report: %s", exc.message)
             except Exception:  # noqa: BLE001 - reporting must never take training down
                 log.debug("adloader reporter error", exc_info=True)
-            else:
-                if self._connected is False:
-                    log.info("adloader: reconnected to the controller at %s", self.socket_path)
-                self._connected = True
+            if self._connected is False:
+                log.info("adloader: reconnected to the controller at %s", self.socket_path)
+            self._connected = True
             backoff = FIRST_BACKOFF_S
             self._stop.wait(self._interval)
 

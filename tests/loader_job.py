@@ -1,0 +1,88 @@
+"""A small training script for end-to-end tests of adloader.DataLoader under ``adloader run``.
+
+It changes nothing but the import (``from adloader import DataLoader``), loads
+a map-style dataset that does some CPU work per sample, "computes" each step by
+sleeping (GPU-emulated), and runs whole epochs until ``--seconds`` have passed.
+Under torchrun (``--distributed``) it joins a gloo process group and shards the
+data with DistributedSampler. At the end each rank writes ``rank<N>.json`` into
+``--out``: the indices it saw per epoch, its final worker setting, the worker
+pids it ran and its loader counters.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+from adloader import DataLoader
+
+
+class Work(Dataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        sum(range(3000))  # a little CPU per sample
+        return torch.tensor([i])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=400)
+    parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--compute-s", type=float, default=0.01, help="emulated GPU time per step")
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--distributed", action="store_true")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+    sampler = None
+    rank = 0
+    if args.distributed:
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        rank = dist.get_rank()
+        total = torch.tensor([1])
+        dist.all_reduce(total)
+        assert int(total) == dist.get_world_size()
+        sampler = torch.utils.data.distributed.DistributedSampler(Work(args.samples), shuffle=True, seed=3)
+    loader = DataLoader(Work(args.samples), batch_size=args.batch_size, num_workers=args.workers, sampler=sampler,
+                        persistent_workers=True)
+    epochs, pids = [], set()
+    deadline = time.monotonic() + args.seconds
+    while time.monotonic() < deadline or not epochs:
+        if sampler is not None:
+            sampler.set_epoch(len(epochs))
+        seen = []
+        for batch in loader:
+            seen += batch.view(-1).tolist()
+            pids.update(loader.worker_pids())
+            time.sleep(args.compute_s)
+        epochs.append(seen)
+    result = {
+        "rank": rank, "epochs": epochs, "num_workers": loader.num_workers, "running": loader.running_workers(),
+        "worker_pids": sorted(pids), "counters": dataclasses.asdict(loader.counters), "pid": os.getpid(),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"rank{rank}.json").write_text(json.dumps(result))
+    loader.close()
+    if args.distributed:
+        torch.distributed.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,59 @@
+"""The loader's reporter against a real controller: a job under ``adloader run`` reports its
+loader counters, follows the controller's worker target, and rides out a controller restart."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from fixtures.managed import REPO, ControllerProcess, wait_until
+
+SCRIPT = REPO / "tests" / "loader_job.py"
+
+
+def _run_job(controller: ControllerProcess, out: Path, seconds: float, *extra: str):
+    return controller.run(sys.executable, str(SCRIPT), "--out", str(out), "--seconds", str(seconds), *extra,
+                          name="loader-job")
+
+
+def test_a_job_reports_its_loader_and_follows_the_worker_target(controller: ControllerProcess, tmp_path: Path) -> None:
+    job = _run_job(controller, tmp_path, 4.0, "--workers", "3")
+    job_id = controller.registered(job).job_id
+
+    def target_applied():
+        snap = controller.job(job_id)
+        if snap and snap.samples_total > 0 and snap.workers_target is not None \
+                and snap.workers_running == snap.workers_target:
+            return snap
+        return None
+
+    snap = wait_until(target_applied, 30.0, f"the loader to report and follow its target; log:\n{controller.log()}")
+    assert snap.workers_target < 3, "one core (--cpus 0) under the even policy asks for fewer workers"
+    assert snap.ranks_reporting == 1 and snap.batch_size == 4
+    assert snap.loader_cpu_seconds_total > 0 and snap.compute_seconds_total > 0
+    assert job.wait(60) == 0, job.output()
+    result = json.loads((tmp_path / "rank0.json").read_text())
+    assert result["num_workers"] == snap.workers_target
+    assert all(epoch == list(range(400)) for epoch in result["epochs"])
+    assert result["counters"]["samples"] == 400 * len(result["epochs"])
+
+
+@pytest.mark.slow
+def test_the_reporter_rides_out_a_controller_restart(controller: ControllerProcess, tmp_path: Path) -> None:
+    job = _run_job(controller, tmp_path, 10.0, "--workers", "2")
+    job_id = controller.registered(job).job_id
+    before = wait_until(lambda: (s := controller.job(job_id)) and s.samples_total > 0 and s, 30.0, "a first report")
+    controller.kill()
+    wait_until(lambda: "lost the controller" in job.output()[1], 15.0, "the reporter to notice")
+    controller.start()
+    wait_until(lambda: (s := controller.job(job_id)) and s.samples_total > before.samples_total, 30.0,
+               f"reports to resume after the restart; log:\n{controller.log()}")
+    assert job.wait(60) == 0, job.output()
+    _, err = job.output()
+    assert err.count("adloader: lost the controller") == 1, err
+    assert err.count("adloader: reconnected to the controller") == 1, err
+    assert "Traceback" not in err
+    result = json.loads((tmp_path / "rank0.json").read_text())
+    assert all(epoch == list(range(400)) for epoch in result["epochs"])
