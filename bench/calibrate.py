@@ -1,0 +1,84 @@
+"""The jobs' true curves, measured separately, for the ``oracle`` policy.
+
+Each job of the mix runs alone, unmanaged (no controller), with two workers, for
+a few seconds: its CPU time over the training loop (main process and workers)
+divided by its samples is p, the CPU seconds one sample really costs, overheads
+included. Its loading curve is then T_load(c) = c/p, M is its batch over its
+emulated compute time, and b the bytes it reads from the device per sample (the
+raw sample size for a job bound by reads, 0 for JPEGs served by the page cache).
+Results are cached per job shape under the benchmark's cache directory.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench.mix import JobSpec, Mix
+from bench.runner import REPO, BenchError
+
+log = logging.getLogger(__name__)
+
+PROBE_SECONDS = 4.0
+PROBE_WORKERS = 2
+
+
+def true_curves(mix: Mix, datasets: dict[str, Path], cache_dir: Path) -> dict[str, dict]:
+    """{job name: {"max_throughput", "loading_curve", "bytes_per_sample", "cpu_s_per_sample"}}
+    in the format controller/policies/oracle.py reads."""
+    cache_file = cache_dir / "true-cpu-per-sample.json"
+    cache = json.loads(cache_file.read_text()) if cache_file.exists() else {}
+    curves = {}
+    for spec in mix.jobs:
+        key = f"px{spec.image_px}-b{spec.batch_size}-{'raw' if spec.io_bound else 'jpeg'}"
+        if key not in cache:
+            log.info("calibrating %s (%s) alone for %.0fs", spec.name, key, PROBE_SECONDS)
+            cache[key] = probe_cpu_per_sample(spec, datasets[spec.name])
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            cache_file.write_text(json.dumps(cache, indent=1) + "\n")
+        p = cache[key]
+        curves[spec.name] = {
+            "max_throughput": spec.max_throughput,
+            "loading_curve": [[1.0, 1.0 / p]],
+            "bytes_per_sample": float(spec.raw_sample_bytes) if spec.io_bound else 0.0,
+            "cpu_s_per_sample": p,
+        }
+    return curves
+
+
+def probe_cpu_per_sample(spec: JobSpec, dataset: Path) -> float:
+    """CPU seconds per sample of ``spec`` run alone: loop CPU time / samples."""
+    with tempfile.TemporaryDirectory(prefix="adl-calibrate-") as tmp:
+        timeline = Path(tmp) / "probe.json"
+        samples = max(4 * spec.batch_size, int(PROBE_SECONDS * _rough_rate(spec)))
+        command = [
+            sys.executable, "-m", "bench.job", "--name", f"probe-{spec.name}", "--dataset", str(dataset),
+            "--image-px", str(spec.image_px), "--batch-size", str(spec.batch_size),
+            # as fast as the loader can go: an emulated GPU far quicker than loading
+            "--compute-ms", "0.1", "--samples", str(samples),
+            "--num-workers", str(PROBE_WORKERS), "--timeline", str(timeline),
+        ] + (["--io-bound"] if spec.io_bound else [])
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("ADLOADER_")}
+        environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), environ.get("PYTHONPATH")]))
+        result = subprocess.run(command, cwd=REPO, env=environ, capture_output=True, text=True, timeout=300)
+        if result.returncode != 0:
+            raise BenchError(f"calibration of {spec.name} failed ({result.returncode}): {result.stderr[-2000:]}")
+        data = json.loads(timeline.read_text())
+    return float(data["cpu_s"]) / float(data["samples"])
+
+
+def _rough_rate(spec: JobSpec) -> float:
+    """Samples/s a two-core loader reaches, roughly, to size the probe (not a measurement)."""
+    if spec.io_bound:
+        return 400.0
+    return 2.0 / (0.3e-3 + 12e-9 * spec.image_px * spec.image_px)
+
+
+def write_curves(path: Path, curves: dict[str, dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"jobs": curves}, indent=1) + "\n")
+    return path

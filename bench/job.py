@@ -1,0 +1,122 @@
+"""The benchmark's synthetic training job (GPU-emulated).
+
+A real training loop over a real dataset on disk: ``adloader.DataLoader`` loads
+JPEGs (decode, random crop, flip, normalise) or, for a job bound by reads, raw
+samples read with O_DIRECT; the GPU step is emulated by sleeping for the batch's
+compute time. It runs until ``--samples`` samples are done (as many epochs as
+that takes) and writes its timeline, when each batch arrived and how long the
+loop waited for it, to ``--timeline`` for the benchmark to score.
+
+    python -m bench.job --dataset DIR --image-px 224 --batch-size 32 \\
+        --compute-ms 50 --samples 4000 --num-workers 4 --timeline OUT.json [--io-bound]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+TIMELINE_VERSION = 1
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.job", description=__doc__.splitlines()[0])
+    parser.add_argument("--name", default="job")
+    parser.add_argument("--dataset", type=Path, required=True, help="cache directory of the samples")
+    parser.add_argument("--image-px", type=int, required=True)
+    parser.add_argument("--batch-size", type=int, required=True)
+    parser.add_argument("--compute-ms", type=float, required=True, help="emulated GPU time per batch")
+    parser.add_argument("--samples", type=int, required=True, help="stop after this many samples")
+    parser.add_argument("--num-workers", type=int, default=2)
+    parser.add_argument("--io-bound", action="store_true", help="raw samples read with O_DIRECT")
+    parser.add_argument("--timeline", type=Path, required=True, help="where to write the timeline JSON")
+    return parser.parse_args(argv)
+
+
+def build_dataset(args: argparse.Namespace):
+    if args.io_bound:
+        from bench.rawread import RawFolder
+
+        return RawFolder(args.dataset, px=args.image_px)
+    from bench.datasets import JpegFolder
+
+    return JpegFolder(args.dataset)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    from adloader import DataLoader
+
+    started = time.time()
+    dataset = build_dataset(args)
+    loader = DataLoader(
+        dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.num_workers,
+        drop_last=len(dataset) >= args.batch_size, persistent_workers=args.num_workers > 0,
+    )
+    compute_s = args.compute_ms / 1000.0
+    steps: list[tuple[float, float, float]] = []
+    samples = 0
+    cpu_at_start = _cpu_seconds()
+    loop_start = time.monotonic()
+    loop_start_wall = time.time()
+    while samples < args.samples:
+        iterator = iter(loader)
+        while samples < args.samples:
+            asked = time.monotonic()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                break
+            got = time.monotonic()
+            time.sleep(compute_s)  # the GPU step, emulated: the CPU is idle while a GPU computes
+            done = time.monotonic()
+            samples += samples_in(batch)
+            steps.append((round(got - loop_start, 4), round(got - asked, 4), round(done - got, 4)))
+        del iterator
+    loop_end = time.monotonic()
+    del loader  # joins the workers, so their CPU time is in RUSAGE_CHILDREN below
+    timeline = {
+        "version": TIMELINE_VERSION,
+        "name": args.name,
+        "pid": os.getpid(),
+        "process_start": started,
+        "loop_start": loop_start_wall,
+        "loop_s": loop_end - loop_start,
+        "samples": samples,
+        "batch_size": args.batch_size,
+        "compute_ms_per_batch": args.compute_ms,
+        "busy_s": sum(s[2] for s in steps),
+        "wait_s": sum(s[1] for s in steps),
+        "cpu_s": _cpu_seconds() - cpu_at_start,
+        "steps": steps,
+        "steps_fields": ["t_s", "wait_s", "compute_s"],
+    }
+    args.timeline.parent.mkdir(parents=True, exist_ok=True)
+    temporary = args.timeline.with_suffix(".tmp")
+    temporary.write_text(json.dumps(timeline, separators=(",", ":")))
+    temporary.replace(args.timeline)
+    return 0
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and of its reaped descendants (the loader's workers)."""
+    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    return sum(u.ru_utime + u.ru_stime for u in usage)
+
+
+def samples_in(batch: object) -> int:
+    """Samples in a collated batch: the leading dimension of its first tensor."""
+    while isinstance(batch, (list, tuple)):
+        batch = batch[0]
+    if isinstance(batch, dict):
+        return samples_in(next(iter(batch.values())))
+    return int(batch.shape[0])  # type: ignore[attr-defined]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

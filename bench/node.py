@@ -1,0 +1,211 @@
+"""``adloader bench``: the GPU-emulated node benchmark comparing the policies on a job mix.
+
+Every policy runs the same mix in one invocation, interleaved (A B C A B C) so
+that machine drift cancels, each run on a fresh controller with real jobs started
+through ``adloader run`` (see bench/runner.py). Reported per policy, medians over
+repeats: GPU-weighted busy fraction, samples/s, makespan, mean job completion
+time, controller CPU, settling time; ratios against even, static and oracle (see
+bench/report.py). ``--random N`` runs N seeded random mixes instead of one file.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from bench import report
+from bench.mix import DEFAULT_MIX, Mix, load_mix, random_mix
+from bench.runner import JobOutcome, NodeSetup, Progress, RunOutcome, run_policy
+
+log = logging.getLogger(__name__)
+
+ALL_POLICIES = ("static", "even", "adaptive", "jct", "oracle")
+QUICK_POLICIES = ("even", "adaptive")
+QUICK_SCALE = 0.5
+RANDOM_POLICIES = ("static", "even", "adaptive")
+CACHE_DIR = Path(__file__).resolve().parent / "cache"
+JPEG_IMAGES = 512
+RAW_SAMPLES = 256
+DEFAULT_READ_BPS = 200e6
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mix", type=Path, default=DEFAULT_MIX, metavar="FILE",
+                        help=f"job mix JSON (default: the shipped A-Dloader-like mix, {DEFAULT_MIX.name})")
+    parser.add_argument("--random", type=int, default=0, metavar="N",
+                        help="run N seeded random mixes instead of --mix")
+    parser.add_argument("--seed", type=int, default=1, help="first seed of --random (default 1)")
+    parser.add_argument("--policies", default=None,
+                        help=f"comma-separated (default {','.join(ALL_POLICIES)}; --quick: "
+                        f"{','.join(QUICK_POLICIES)}; --random: {','.join(RANDOM_POLICIES)})")
+    parser.add_argument("--repeats", type=int, default=None, help="runs per policy, interleaved (default 3; --quick 1)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"jobs {QUICK_SCALE:g}x as long, {' and '.join(QUICK_POLICIES)} only, one repeat")
+    parser.add_argument("--scale", type=float, default=None, help="multiply every job's samples and arrival")
+    parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the results as JSON")
+    parser.add_argument("--plot", type=Path, default=None, metavar="FILE",
+                        help="PNG of each job's GPU busy fraction over time, per policy")
+    parser.add_argument("--cpus", default="0-1", help="CPUs the benchmark's controller shares (default 0-1)")
+    parser.add_argument("--period", type=float, default=0.5, help="control period, seconds (default 0.5)")
+    parser.add_argument("--read-bps", type=float, default=None,
+                        help=f"read bandwidth to share, bytes/s (default: the mix's, else {DEFAULT_READ_BPS:g})")
+    parser.add_argument("--cache", type=Path, default=CACHE_DIR, help="where datasets are generated once")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/adloader-bench"),
+                        help="run directories: controller logs, job output, timelines")
+
+
+def main(args: argparse.Namespace) -> int:
+    quick = args.quick
+    default_policies = RANDOM_POLICIES if args.random else QUICK_POLICIES if quick else ALL_POLICIES
+    policies = tuple(p.strip() for p in args.policies.split(",")) if args.policies else default_policies
+    repeats = args.repeats if args.repeats is not None else (1 if quick else 3)
+    scale = args.scale if args.scale is not None else (QUICK_SCALE if quick else 1.0)
+    mixes = [random_mix(args.seed + i) for i in range(args.random)] if args.random else [load_mix(args.mix)]
+    results = []
+    for mix in mixes:
+        if scale != 1.0:
+            mix = mix.scaled(scale)
+        node = node_setup(mix, args.cpus, args.period, args.read_bps, args.cache)
+        runs, document = benchmark(mix, policies, repeats, node, args.cache, args.workdir, progress=print_progress)
+        print(report.table(document["policies"], policies))
+        for line in goal_lines(document):
+            print(line)
+        print()
+        results.append((mix, runs, document))
+    if args.random:
+        document = random_summary([d for _, _, d in results])
+        for line in document["verdicts"]:
+            print(line)
+    else:
+        document = results[0][2]
+    if args.json:
+        report.write_json(args.json, document)
+        print(f"results: {args.json}")
+    if args.plot:
+        mix, runs, _ = results[0]
+        report.plot(args.plot, runs, policies, f"{mix.name}, each job's GPU busy fraction (2 s window)")
+        print(f"plot: {args.plot}")
+    return 0
+
+
+def node_setup(mix: Mix, cpus: str, period: float, read_bps: float | None, cache: Path) -> NodeSetup:
+    """The controller's view of the node: bandwidth of the disk holding the datasets."""
+    from controller.backends.blockdev import read_device_of
+
+    cache.mkdir(parents=True, exist_ok=True)
+    bandwidth = read_bps or mix.read_bps or DEFAULT_READ_BPS
+    return NodeSetup(cpus=cpus, period_s=period, read_bps=bandwidth, read_device=read_device_of(cache))
+
+
+def prepare_datasets(mix: Mix, cache: Path) -> dict[str, Path]:
+    """Each job's dataset directory, generated once under ``cache``."""
+    datasets = {}
+    for spec in mix.jobs:
+        if spec.io_bound:
+            from bench.rawread import make_raw_cache
+
+            datasets[spec.name] = make_raw_cache(cache, spec.image_px, RAW_SAMPLES)
+        else:
+            from bench.datasets import make_jpeg_cache
+
+            datasets[spec.name] = make_jpeg_cache(cache, spec.image_px, JPEG_IMAGES)
+    return datasets
+
+
+def benchmark(
+    mix: Mix,
+    policies: Sequence[str],
+    repeats: int,
+    node: NodeSetup,
+    cache: Path,
+    workdir: Path,
+    progress: Progress | None = None,
+) -> tuple[list[RunOutcome], dict[str, Any]]:
+    """Run every policy ``repeats`` times, interleaved; the runs and the JSON document."""
+    datasets = prepare_datasets(mix, cache)
+    oracle_curves = None
+    truth = None
+    if "oracle" in policies:
+        from bench.calibrate import true_curves, write_curves
+
+        truth = true_curves(mix, datasets, cache)
+        oracle_curves = write_curves(workdir / "true-curves.json", truth)
+    runs = []
+    for repeat in range(repeats):
+        for policy in policies:
+            runs.append(run_policy(mix, policy, datasets, workdir / mix.name, node, repeat=repeat,
+                                   oracle_curves=oracle_curves, progress=progress))
+    summary = report.summarise(runs)
+    document = {
+        "benchmark": "adloader node benchmark (GPU-emulated: each job's GPU step is a sleep)",
+        "machine": {"cpus_managed": node.cpus, "platform": platform.platform(), "python": sys.version.split()[0]},
+        "node": {"cpus": node.cpus, "period_s": node.period_s, "read_bps": node.read_bps,
+                 "read_device": node.read_device},
+        "mix": mix.to_dict(),
+        "policies_order": list(policies),
+        "repeats": repeats,
+        "policies": summary,
+        "ratios": report.ratios(summary),
+        "true_curves": truth,
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    document["goals"] = goals(document)
+    return runs, document
+
+
+def goals(document: dict[str, Any]) -> dict[str, Any]:
+    """The issue's goals that this document can judge: value, bar, and whether met."""
+    ratios = document["ratios"].get("adaptive", {})
+    checks = {}
+
+    def check(name: str, value: float | None, bar: float, at_least: bool) -> None:
+        if value is not None:
+            met = value >= bar if at_least else value <= bar
+            checks[name] = {"value": value, "bar": (">=" if at_least else "<=") + f" {bar:g}", "met": met}
+
+    check("adaptive_vs_even_gpu_busy", ratios.get("vs_even", {}).get("gpu_busy"), 1.30, True)
+    check("adaptive_vs_even_makespan", ratios.get("vs_even", {}).get("makespan_s"), 0.90, False)
+    check("adaptive_vs_oracle_gpu_busy", ratios.get("vs_oracle", {}).get("gpu_busy"), 0.95, True)
+    check("adaptive_vs_static_gpu_busy", ratios.get("vs_static", {}).get("gpu_busy"), 1.0, True)
+    policies = document["policies"]
+    if "jct" in policies and "adaptive" in policies:
+        check("jct_mean_jct_vs_adaptive", policies["jct"]["mean_jct_s"] / policies["adaptive"]["mean_jct_s"],
+              0.85, False)
+    if "adaptive" in policies:
+        check("adaptive_settle_s", policies["adaptive"]["settle_s"], 5.0, False)
+    return checks
+
+
+def goal_lines(document: dict[str, Any]) -> list[str]:
+    return [
+        f"goal {name}: {g['value']:.3f} (bar {g['bar']}) {'met' if g['met'] else 'MISSED'}"
+        for name, g in document["goals"].items()
+    ]
+
+
+def random_summary(documents: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Across random mixes: each mix's document, and the worst adaptive ratio against static and even."""
+    worst: dict[str, float] = {}
+    for document in documents:
+        for baseline in ("static", "even"):
+            value = document["ratios"].get("adaptive", {}).get(f"vs_{baseline}", {}).get("gpu_busy")
+            if value is not None:
+                worst[baseline] = min(worst.get(baseline, value), value)
+    verdicts = [
+        f"random mixes: worst adaptive/{b} GPU busy {v:.3f} (goal >= 0.98) {'met' if v >= 0.98 else 'MISSED'}"
+        for b, v in worst.items()
+    ]
+    return {"benchmark": "adloader node benchmark, seeded random mixes (GPU-emulated)",
+            "mixes": list(documents), "worst_adaptive_gpu_busy_ratio": worst, "verdicts": verdicts}
+
+
+def print_progress(policy: str, elapsed: float, jobs: list[JobOutcome], snapshot: Any) -> None:
+    """One line every few seconds: the run's policy, time, and jobs done."""
+    if int(elapsed * 2) % 10:
+        return
+    done = sum(1 for j in jobs if j.ended_s is not None)
+    print(f"  [{policy}] {elapsed:5.0f}s  jobs started {len(jobs)}, done {done}", file=sys.stderr, flush=True)

@@ -1,0 +1,207 @@
+"""Scores benchmark runs and reports them: a table, a JSON document and a plot.
+
+Per run (all numbers GPU-emulated: a job's GPU step is a sleep):
+- ``gpu_busy``: GPU-weighted busy fraction Σ g·busy / Σ g·wall, with busy a job's
+  emulated compute time and wall its training loop's duration (first batch asked
+  for to last step done);
+- ``samples_per_s``: all samples of all jobs / makespan;
+- ``makespan_s``: first arrival to the last job's exit;
+- ``mean_jct_s``: mean of (exit − arrival) over jobs;
+- ``controller_cpu_pct``: the controller's CPU time / run wall time, % of one core;
+- ``settle_s``: after each arrival or departure, how long until no job's cores moved
+  by more than 0.05 any more (before the next event); the largest is reported.
+
+A policy's figure is the median over its repeats.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from bench.runner import RunOutcome
+
+METRICS = ("gpu_busy", "samples_per_s", "makespan_s", "mean_jct_s", "controller_cpu_pct", "settle_s")
+HIGHER_IS_BETTER = {"gpu_busy": True, "samples_per_s": True, "makespan_s": False, "mean_jct_s": False}
+BASELINES = ("even", "static", "oracle")
+SETTLE_CORES = 0.05
+LABEL = "GPU-emulated"
+
+
+def score_run(run: RunOutcome) -> dict[str, Any]:
+    """The metrics of one run, plus each job's own."""
+    jobs = {}
+    weighted_busy = weighted_wall = total_samples = 0.0
+    for outcome in run.jobs:
+        timeline = outcome.timeline or {}
+        busy, wall = float(timeline.get("busy_s", 0.0)), float(timeline.get("loop_s", 0.0))
+        g = max(1, outcome.spec.gpus)
+        weighted_busy += g * busy
+        weighted_wall += g * wall
+        total_samples += float(timeline.get("samples", 0))
+        jobs[outcome.spec.name] = {
+            "gpus": outcome.spec.gpus,
+            "busy_fraction": busy / wall if wall > 0 else 0.0,
+            "jct_s": (outcome.ended_s or 0.0) - outcome.spec.arrival_s,
+            "samples": timeline.get("samples", 0),
+            "loader_cpu_s": timeline.get("cpu_s"),
+        }
+    makespan = max((o.ended_s or 0.0) for o in run.jobs) - min(o.spec.arrival_s for o in run.jobs)
+    settle = settle_times(run)
+    return {
+        "gpu_busy": weighted_busy / weighted_wall if weighted_wall > 0 else 0.0,
+        "samples_per_s": total_samples / makespan if makespan > 0 else 0.0,
+        "makespan_s": makespan,
+        "mean_jct_s": statistics.fmean(j["jct_s"] for j in jobs.values()),
+        "controller_cpu_pct": 100.0 * run.controller_cpu_s / run.wall_s if run.wall_s > 0 else 0.0,
+        "settle_s": max(settle) if settle else 0.0,
+        "settle_events_s": settle,
+        "jobs": jobs,
+    }
+
+
+def settle_times(run: RunOutcome) -> list[float]:
+    """For each change of the job set seen in the status samples, seconds until the
+    allocation stopped moving (cores within SETTLE_CORES of their final value before
+    the next change of the job set)."""
+    samples = [(t, {name: fields.get("cores") for name, fields in jobs.items()}) for t, jobs in run.samples]
+    events = [i for i in range(1, len(samples)) if set(samples[i][1]) != set(samples[i - 1][1])]
+    result = []
+    for n, index in enumerate(events):
+        end = events[n + 1] if n + 1 < len(events) else len(samples)
+        window = samples[index:end]
+        if not window or not window[0][1]:
+            continue
+        final = window[-1][1]
+        settled_at = window[0][0]
+        for t, cores in window:
+            if any(_moved(cores.get(name), final.get(name)) for name in final):
+                settled_at = t
+        # the sample after the last one that differed is when it was settled
+        later = [t for t, _ in window if t > settled_at]
+        result.append(round((later[0] if later else settled_at) - window[0][0], 3))
+    return result
+
+
+def _moved(value: float | None, final: float | None) -> bool:
+    if value is None or final is None:
+        return value != final
+    return abs(value - final) > SETTLE_CORES
+
+
+def summarise(runs: Iterable[RunOutcome]) -> dict[str, dict[str, Any]]:
+    """Per policy: the median of each metric over repeats, and every repeat's scores."""
+    by_policy: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        by_policy.setdefault(run.policy, []).append(score_run(run))
+    summary = {}
+    for policy, scores in by_policy.items():
+        entry: dict[str, Any] = {m: statistics.median(s[m] for s in scores) for m in METRICS}
+        entry["repeats"] = scores
+        summary[policy] = entry
+    return summary
+
+
+def ratios(summary: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
+    """policy -> "vs_<baseline>" -> metric -> policy's median / baseline's median."""
+    result: dict[str, dict[str, dict[str, float]]] = {}
+    for policy, entry in summary.items():
+        for baseline in BASELINES:
+            if baseline not in summary or baseline == policy:
+                continue
+            base = summary[baseline]
+            result.setdefault(policy, {})[f"vs_{baseline}"] = {
+                m: entry[m] / base[m] for m in HIGHER_IS_BETTER if base[m]
+            }
+    return result
+
+
+def table(summary: dict[str, dict[str, Any]], order: Sequence[str]) -> str:
+    """The stdout table: medians and ratios against the baselines present."""
+    present = [p for p in order if p in summary]
+    rel = ratios(summary)
+    baselines = [b for b in BASELINES if b in summary]
+    header = (f"{'policy':<9} {'GPU busy':>8} {'samples/s':>9} {'makespan':>8} {'mean JCT':>8} "
+              f"{'ctl CPU':>7} {'settle':>6}" + "".join(f" {'busy/' + b:>12}" for b in baselines)
+              + "".join(f" {'mkspan/' + b:>13}" for b in baselines))
+    lines = [f"{LABEL} node benchmark (medians over repeats)", header, "-" * len(header)]
+    for policy in present:
+        e = summary[policy]
+        row = (f"{policy:<9} {e['gpu_busy']:>8.3f} {e['samples_per_s']:>9.1f} {e['makespan_s']:>7.1f}s "
+               f"{e['mean_jct_s']:>7.1f}s {e['controller_cpu_pct']:>6.2f}% {e['settle_s']:>5.1f}s")
+        for b in baselines:
+            value = rel.get(policy, {}).get(f"vs_{b}", {}).get("gpu_busy")
+            row += f" {value:>11.3f}x" if value is not None else f" {'-':>12}"
+        for b in baselines:
+            value = rel.get(policy, {}).get(f"vs_{b}", {}).get("makespan_s")
+            row += f" {value:>12.3f}x" if value is not None else f" {'-':>13}"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def write_json(path: Path, document: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=1, sort_keys=False) + "\n")
+
+
+def busy_series(timeline: dict, offset_s: float, window_s: float = 2.0, step_s: float = 0.5) -> tuple[list[float], list[float]]:
+    """A job's GPU busy fraction over time: emulated compute inside a sliding window.
+    ``offset_s`` shifts the job's own clock onto the run's (seconds after the run's start)."""
+    steps = timeline.get("steps", [])
+    if not steps:
+        return [], []
+    intervals = [(offset_s + t, offset_s + t + c) for t, _, c in steps]
+    first, last = offset_s, intervals[-1][1]
+    times, values = [], []
+    t = first + window_s / 2
+    j = 0
+    while t <= last:
+        lo, hi = t - window_s / 2, t + window_s / 2
+        while j < len(intervals) and intervals[j][1] < lo:
+            j += 1
+        busy = 0.0
+        k = j
+        while k < len(intervals) and intervals[k][0] < hi:
+            busy += max(0.0, min(hi, intervals[k][1]) - max(lo, intervals[k][0]))
+            k += 1
+        times.append(t)
+        values.append(busy / window_s)
+        t += step_s
+    return times, values
+
+
+def plot(path: Path, runs: Sequence[RunOutcome], order: Sequence[str], title: str) -> None:
+    """PNG: one panel per policy (its first repeat), each job's GPU busy fraction over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    first = {}
+    for run in runs:
+        first.setdefault(run.policy, run)
+    panels = [first[p] for p in order if p in first]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(10, 2.2 * len(panels) + 0.8), sharex=True, squeeze=False)
+    names = sorted({o.spec.name for run in panels for o in run.jobs})
+    colours = {name: plt.cm.tab10(i % 10) for i, name in enumerate(names)}
+    for ax, run in zip(axes[:, 0], panels):
+        score = score_run(run)
+        for outcome in run.jobs:
+            timeline = outcome.timeline or {}
+            offset = float(timeline.get("loop_start", run.started_at)) - run.started_at
+            xs, ys = busy_series(timeline, offset)
+            ax.plot(xs, ys, color=colours[outcome.spec.name], linewidth=1.2,
+                    label=f"{outcome.spec.name} ({outcome.spec.gpus} GPU)")
+        ax.set_ylim(-0.02, 1.05)
+        ax.set_ylabel("GPU busy")
+        ax.set_title(f"{run.policy}: GPU-weighted busy {score['gpu_busy']:.2f}, makespan {score['makespan_s']:.0f}s",
+                     fontsize=9, loc="left")
+        ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=7, loc="lower right", ncol=2)
+    axes[-1, 0].set_xlabel("seconds since the first arrival")
+    fig.suptitle(f"{LABEL}: {title}", fontsize=11)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,268 @@
+"""One benchmark run: a real controller under one policy, the mix's jobs launched through
+``adloader run`` at their arrival times, and what came out of it.
+
+Everything is real: the controller is ``python -m adloader controller`` with its own
+socket, state directory and cgroup group (``adloader-bench-<uuid8>``); each job is
+``python -m adloader run ... -- python -m bench.job ...``, which writes its timeline.
+While the run lasts, the controller's status is polled twice a second (the
+allocations over time) and its CPU time is read from /proc through psutil. At the
+end every process the run started is gone and its cgroup group removed.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import psutil
+
+from adloader import protocol
+from adloader.client import ControllerClient
+from adloader.errors import AdloaderError
+from bench.mix import JobSpec, Mix
+from controller.backends.cgroupfs import drain_and_rmdir, read_pid_list, write_interface
+from controller.policies.oracle import CURVES_VAR
+from controller.snapshot import NodeSnapshot
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[1]
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+HIERARCHIES = ("cpu", "cpuacct", "cpuset", "blkio")
+POLL_S = 0.5
+
+
+class BenchError(AdloaderError):
+    """A benchmark run could not be carried out (controller would not start, a job failed)."""
+
+
+@dataclass(frozen=True)
+class NodeSetup:
+    """How the benchmark's controller manages the node."""
+
+    cpus: str = "0-1"
+    period_s: float = 0.5
+    read_bps: float | None = None
+    read_device: str | None = None
+
+
+@dataclass
+class JobOutcome:
+    spec: JobSpec
+    launched_s: float
+    """Seconds after the run's start the launcher was started."""
+    ended_s: float | None = None
+    exit_code: int | None = None
+    timeline: dict | None = None
+
+
+@dataclass
+class RunOutcome:
+    policy: str
+    repeat: int
+    started_at: float
+    """Unix time of the run's start (arrival 0)."""
+    jobs: list[JobOutcome]
+    controller_cpu_s: float
+    wall_s: float
+    samples: list[tuple[float, dict[str, dict]]] = field(default_factory=list)
+    """(seconds since start, {job name: its status fields}) twice a second."""
+
+
+Progress = Callable[[str, float, list[JobOutcome], NodeSnapshot | None], None]
+"""Called about twice a second: (policy, seconds elapsed, jobs so far, latest status)."""
+
+
+def run_policy(
+    mix: Mix,
+    policy: str,
+    datasets: dict[str, Path],
+    workdir: Path,
+    node: NodeSetup,
+    *,
+    repeat: int = 0,
+    oracle_curves: Path | None = None,
+    timeout_s: float = 600.0,
+    progress: Progress | None = None,
+) -> RunOutcome:
+    """Run ``mix`` under ``policy`` on a fresh controller; raises BenchError if it cannot."""
+    run_dir = workdir / f"{policy}-{repeat}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    os.chmod(run_dir, 0o755)
+    group = f"adloader-bench-{uuid.uuid4().hex[:8]}"
+    socket_path = run_dir / "s.sock"
+    environ = _environment(socket_path, oracle_curves if policy == "oracle" else None)
+    controller = _start_controller(policy, node, socket_path, run_dir, group, environ)
+    launchers: dict[str, subprocess.Popen] = {}
+    outcomes: list[JobOutcome] = []
+    try:
+        ctl = psutil.Process(controller.pid)
+        cpu_before = _cpu_seconds(ctl)
+        start = time.monotonic()
+        started_at = time.time()
+        pending = sorted(mix.jobs, key=lambda j: j.arrival_s)
+        status_samples: list[tuple[float, dict[str, dict]]] = []
+        while pending or any(o.ended_s is None for o in outcomes):
+            now = time.monotonic() - start
+            if now > timeout_s:
+                raise BenchError(f"{policy}: the mix did not finish within {timeout_s:.0f}s; logs in {run_dir}")
+            while pending and pending[0].arrival_s <= now:
+                spec = pending.pop(0)
+                launchers[spec.name] = _launch(spec, datasets[spec.name], run_dir, environ)
+                outcomes.append(JobOutcome(spec=spec, launched_s=now))
+            for outcome in outcomes:
+                if outcome.ended_s is None:
+                    code = launchers[outcome.spec.name].poll()
+                    if code is not None:
+                        outcome.ended_s, outcome.exit_code = time.monotonic() - start, code
+            snapshot = _status(socket_path)
+            if controller.poll() is not None:
+                raise BenchError(f"{policy}: the controller exited with {controller.returncode}; "
+                                 f"log: {run_dir / 'controller.log'}")
+            if snapshot is not None:
+                status_samples.append((round(now, 3), {j.name: _job_fields(j) for j in snapshot.jobs}))
+            if progress is not None:
+                progress(policy, now, outcomes, snapshot)
+            time.sleep(POLL_S)
+        wall = time.monotonic() - start
+        cpu = _cpu_seconds(ctl) - cpu_before
+    finally:
+        _stop(controller, launchers, group)
+    failed = [o for o in outcomes if o.exit_code != 0]
+    if failed:
+        names = ", ".join(f"{o.spec.name} (exit {o.exit_code})" for o in failed)
+        raise BenchError(f"{policy}: job(s) failed: {names}; see {run_dir}/*.err")
+    for outcome in outcomes:
+        outcome.timeline = _read_timeline(run_dir / f"{outcome.spec.name}.timeline.json")
+    return RunOutcome(policy=policy, repeat=repeat, started_at=started_at, jobs=outcomes, controller_cpu_s=cpu,
+                      wall_s=wall, samples=status_samples)
+
+
+def job_command(spec: JobSpec, dataset: Path, timeline: Path) -> list[str]:
+    """``adloader run`` of one mix job."""
+    command = [
+        sys.executable, "-m", "adloader", "run", "--name", spec.name, "--gpus", str(spec.gpus),
+        "--num-workers", str(spec.num_workers), "--",
+        sys.executable, "-m", "bench.job", "--name", spec.name, "--dataset", str(dataset),
+        "--image-px", str(spec.image_px), "--batch-size", str(spec.batch_size),
+        "--compute-ms", str(spec.compute_ms_per_batch), "--samples", str(spec.samples),
+        "--num-workers", str(spec.num_workers), "--timeline", str(timeline),
+    ]
+    if spec.io_bound:
+        command.append("--io-bound")
+    return command
+
+
+def _environment(socket_path: Path, oracle_curves: Path | None) -> dict[str, str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("ADLOADER_")}
+    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), environ.get("PYTHONPATH")]))
+    environ["ADLOADER_SOCKET"] = str(socket_path)
+    if oracle_curves is not None:
+        environ[CURVES_VAR] = str(oracle_curves)
+    return environ
+
+
+def _start_controller(policy: str, node: NodeSetup, socket_path: Path, run_dir: Path, group: str,
+                      environ: dict[str, str]) -> subprocess.Popen:
+    command = [
+        sys.executable, "-m", "adloader", "controller", "--policy", policy, "--socket", str(socket_path),
+        "--state-dir", str(run_dir / "state"), "--cgroup-group", group, "--cpus", node.cpus,
+        "--period", str(node.period_s), "--backend", "cgroup-v1",
+    ]
+    if node.read_bps is not None and node.read_device is not None:
+        command += ["--read-bps", str(int(node.read_bps)), "--read-device", node.read_device]
+    with (run_dir / "controller.log").open("w") as log_file:
+        proc = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO, env=environ,
+                                start_new_session=True)
+    deadline = time.monotonic() + 30.0
+    while _status(socket_path) is None:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            _stop(proc, {}, group)
+            raise BenchError(f"the {policy} controller did not start; log:\n{(run_dir / 'controller.log').read_text()}")
+        time.sleep(0.1)
+    return proc
+
+
+def _launch(spec: JobSpec, dataset: Path, run_dir: Path, environ: dict[str, str]) -> subprocess.Popen:
+    timeline = run_dir / f"{spec.name}.timeline.json"
+    with (run_dir / f"{spec.name}.out").open("w") as out, (run_dir / f"{spec.name}.err").open("w") as err:
+        return subprocess.Popen(job_command(spec, dataset, timeline), stdout=out, stderr=err,
+                                stdin=subprocess.DEVNULL, cwd=REPO, env=environ, start_new_session=True)
+
+
+def _status(socket_path: Path) -> NodeSnapshot | None:
+    try:
+        with ControllerClient(socket_path, timeout=5.0) as client:
+            reply = client.request(protocol.StatusRequest())
+    except (AdloaderError, OSError):
+        return None
+    if not isinstance(reply, protocol.Status):
+        return None
+    return NodeSnapshot.from_dict({**reply.node, "jobs": reply.jobs})
+
+
+def _job_fields(job) -> dict:
+    return {"cores": job.cores, "workers": job.workers_target, "read_bps": job.read_bps,
+            "achieved_sps": job.achieved_sps, "data_wait_ratio": job.data_wait_ratio}
+
+
+def _cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+def _read_timeline(path: Path) -> dict:
+    import json
+
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise BenchError(f"job timeline {path} is missing or unreadable ({exc}); see the job's .err file") from None
+
+
+def _stop(controller: subprocess.Popen, launchers: dict[str, subprocess.Popen], group: str) -> None:
+    """End everything the run started: launchers' sessions, the controller, the cgroups."""
+    for proc in launchers.values():
+        if proc.poll() is None:
+            _kill_session(proc)
+    if controller.poll() is None:
+        controller.send_signal(signal.SIGTERM)
+        try:
+            controller.wait(15.0)
+        except subprocess.TimeoutExpired:
+            _kill_session(controller)
+    _remove_group(group)
+
+
+def _kill_session(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def _remove_group(group: str) -> None:
+    """Kill whatever is left in the run's cgroups and remove them."""
+    for hierarchy in HIERARCHIES:
+        group_dir = CGROUP_ROOT / hierarchy / group
+        if not group_dir.is_dir():
+            continue
+        root_procs = CGROUP_ROOT / hierarchy / "cgroup.procs"
+        for directory in [d for d in group_dir.iterdir() if d.is_dir()] + [group_dir]:
+            for pid in read_pid_list(directory / "cgroup.procs"):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            drain_and_rmdir(directory, lambda d=directory: read_pid_list(d / "cgroup.procs"),
+                            lambda pid: write_interface(root_procs, str(pid), "bench cleanup"))

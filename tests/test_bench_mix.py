@@ -1,0 +1,138 @@
+"""Benchmark mixes (schema, validation, seeded generator) and the scoring of runs."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.mix import DEFAULT_MIX, MIXES_DIR, JobSpec, MixError, load_mix, mix_from_dict, random_mix
+from bench.report import busy_series, ratios, score_run, settle_times, summarise, table
+from bench.runner import JobOutcome, RunOutcome, job_command
+
+GOOD_JOB = {
+    "name": "a", "gpus": 2, "batch_size": 32, "compute_ms_per_batch": 50.0, "image_px": 224, "samples": 1000,
+    "arrival_s": 0, "num_workers": 4, "io_bound": False,
+}
+
+
+@pytest.mark.parametrize("path", sorted(MIXES_DIR.glob("*.json")), ids=lambda p: p.name)
+def test_every_shipped_mix_is_valid(path: Path) -> None:
+    mix = load_mix(path)
+    assert mix.jobs and mix.read_bps
+    assert mix_from_dict(json.loads(json.dumps(mix.to_dict()))) == mix  # survives a round trip
+
+
+def test_the_default_mix_is_a_dloader_like() -> None:
+    mix = load_mix(DEFAULT_MIX)
+    assert len({j.gpus for j in mix.jobs}) >= 3  # heterogeneous in GPUs
+    assert len({j.image_px for j in mix.jobs if not j.io_bound}) >= 3  # and in CPU cost per sample
+    assert sum(j.io_bound for j in mix.jobs) == 1
+    assert len({j.arrival_s for j in mix.jobs}) >= 3  # jobs arrive across the run
+
+
+def test_every_problem_is_reported_with_its_job_and_field(tmp_path: Path) -> None:
+    bad = dict(GOOD_JOB, gpus=True, batch_size=0, colour="red")
+    del bad["samples"]
+    with pytest.raises(MixError) as error:
+        mix_from_dict({"jobs": [GOOD_JOB, bad, dict(GOOD_JOB)]})
+    message = str(error.value)
+    for expected in ("jobs[1] (a)", "gpus must be int", "batch_size=0", "unknown field(s) ['colour']",
+                     "missing ['samples']", "unique"):
+        assert expected in message
+    path = tmp_path / "mix.json"
+    path.write_text("{not json")
+    with pytest.raises(MixError, match="not JSON"):
+        load_mix(path)
+    with pytest.raises(MixError, match="cannot read"):
+        load_mix(tmp_path / "missing.json")
+    with pytest.raises(MixError, match="non-empty list"):
+        mix_from_dict({"jobs": []})
+
+
+def test_random_mixes_are_reproducible_heterogeneous_and_hold_one_reader() -> None:
+    assert random_mix(3) == random_mix(3)
+    assert random_mix(3) != random_mix(4)
+    for seed in range(1, 11):
+        mix = random_mix(seed)
+        assert sum(j.io_bound for j in mix.jobs) == 1
+        assert min(j.arrival_s for j in mix.jobs) == 0.0
+        mix_from_dict(mix.to_dict())  # valid by the file schema too
+
+
+def test_scaling_shortens_jobs_and_arrivals() -> None:
+    mix = load_mix(DEFAULT_MIX)
+    half = mix.scaled(0.5)
+    for full, short in zip(mix.jobs, half.jobs):
+        assert short.samples == max(full.batch_size, int(full.samples * 0.5))
+        assert short.arrival_s == full.arrival_s * 0.5
+
+
+def test_the_job_command_runs_bench_job_through_adloader_run() -> None:
+    spec = JobSpec(**{**GOOD_JOB, "io_bound": True})
+    command = job_command(spec, Path("/data"), Path("/t.json"))
+    assert command[1:4] == ["-m", "adloader", "run"]
+    assert ["--gpus", "2"] == command[command.index("--gpus"):command.index("--gpus") + 2]
+    tail = command[command.index("--") + 1:]
+    assert tail[1:3] == ["-m", "bench.job"] and "--io-bound" in tail
+
+
+# ---------------------------------------------------------------- scoring
+
+
+def _outcome(name: str, gpus: int, arrival: float, ended: float, steps: list[tuple[float, float, float]],
+             loop_start: float) -> JobOutcome:
+    spec = JobSpec(**{**GOOD_JOB, "name": name, "gpus": gpus, "arrival_s": arrival})
+    busy = sum(s[2] for s in steps)
+    loop = steps[-1][0] + steps[-1][2]
+    timeline = {"busy_s": busy, "loop_s": loop, "samples": 32 * len(steps), "steps": steps,
+                "loop_start": loop_start, "cpu_s": 1.0}
+    return JobOutcome(spec=spec, launched_s=arrival, ended_s=ended, exit_code=0, timeline=timeline)
+
+
+def _run(policy: str, busy_a: float) -> RunOutcome:
+    # job a: 4 GPUs, 10 steps of 1 s, each a wait then busy_a of compute; job b: 1 GPU, always busy
+    steps_a = [(i + 1.0 - busy_a, 1.0 - busy_a, busy_a) for i in range(10)]
+    steps_b = [(float(i), 0.0, 1.0) for i in range(5)]
+    jobs = [_outcome("a", 4, 0.0, 11.0, steps_a, 1000.0), _outcome("b", 1, 2.0, 8.0, steps_b, 1002.0)]
+    samples = [(0.0, {"a": {"cores": 2.0}}), (2.0, {"a": {"cores": 2.0}, "b": {"cores": 1.0}}),
+               (2.5, {"a": {"cores": 1.5}, "b": {"cores": 0.5}}), (3.0, {"a": {"cores": 1.5}, "b": {"cores": 0.5}}),
+               (8.0, {"a": {"cores": 2.0}})]
+    return RunOutcome(policy=policy, repeat=0, started_at=1000.0, jobs=jobs, controller_cpu_s=0.2, wall_s=11.0,
+                      samples=samples)
+
+
+def test_a_run_is_scored_gpu_weighted() -> None:
+    score = score_run(_run("adaptive", busy_a=0.5))
+    # a: 4 GPUs busy 5 s of 10; b: 1 GPU busy 5 of 5 -> (4*5 + 5) / (4*10 + 5)
+    assert score["gpu_busy"] == pytest.approx(25 / 45)
+    assert score["makespan_s"] == 11.0
+    assert score["mean_jct_s"] == pytest.approx((11.0 + 6.0) / 2)
+    assert score["samples_per_s"] == pytest.approx(32 * 15 / 11.0)
+    assert score["controller_cpu_pct"] == pytest.approx(100 * 0.2 / 11.0)
+    assert score["jobs"]["b"]["busy_fraction"] == pytest.approx(1.0)
+
+
+def test_settling_is_measured_from_each_change_of_the_job_set() -> None:
+    # b arrives at 2.0 and the cores have their final values from the sample at 2.5 on;
+    # a alone again at 8.0 is settled at once
+    assert settle_times(_run("adaptive", 0.5)) == [0.5, 0.0]
+
+
+def test_busy_series_follows_the_compute_intervals() -> None:
+    steps = [(0.0, 0.0, 1.0), (1.0, 0.0, 0.5), (2.0, 0.5, 0.5)]
+    xs, ys = busy_series({"steps": steps}, offset_s=10.0, window_s=1.0, step_s=1.0)
+    assert xs[0] == pytest.approx(10.5)
+    assert ys[0] == pytest.approx(1.0)  # [10, 11): computing throughout
+    assert ys[1] == pytest.approx(0.5)  # [11, 12): half
+
+
+def test_medians_ratios_and_the_table() -> None:
+    runs = [_run("even", 0.25), _run("adaptive", 0.5), _run("even", 0.25), _run("adaptive", 0.75)]
+    summary = summarise(runs)
+    assert summary["adaptive"]["gpu_busy"] == pytest.approx((25 / 45 + 35 / 45) / 2)
+    rel = ratios(summary)
+    assert rel["adaptive"]["vs_even"]["gpu_busy"] == pytest.approx(summary["adaptive"]["gpu_busy"] / (15 / 45))
+    assert "even" not in rel or "vs_even" not in rel["even"]
+    text = table(summary, ["even", "adaptive"])
+    assert "GPU-emulated" in text and "adaptive" in text and "busy/even" in text
