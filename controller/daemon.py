@@ -246,7 +246,8 @@ class Controller:
         faults.hit("remove.mid_removal")
         return True
 
-    def save(self) -> None:
+    def save(self) -> bool:
+        """Write the state file; False (logged and counted) if it cannot be written."""
         state = ControllerState(
             version=STATE_VERSION, policy=self.loop.policy.name, jobs=self.registry.persisted(), saved_at=0.0
         )
@@ -255,6 +256,8 @@ class Controller:
         except StateWriteError as exc:
             self.state_write_failures += 1
             log.error("%s", exc)
+            return False
+        return True
 
     # ------------------------------------------------------------------ requests
 
@@ -327,10 +330,14 @@ class Controller:
             policy = make_policy(message.policy)
         except PolicyError as exc:
             raise RequestRefused("bad_policy", str(exc)) from None
-        log.info("policy changed from %s to %s by pid %d", self.loop.policy.name, policy.name, connection.peer.pid)
-        self.loop.policy = policy
+        previous, self.loop.policy = self.loop.policy, policy
+        if not self.save():  # only the state file remembers a policy: one it cannot keep is refused
+            self.loop.policy = previous
+            raise RequestRefused("state_unwritable", f"the policy stays {previous.name}: the state file "
+                                 f"{self.store.path} cannot be written (see the controller's log); free space "
+                                 "there or make it writable, then ask again")
+        log.info("policy changed from %s to %s by pid %d", previous.name, policy.name, connection.peer.pid)
         self._notify("policy_change")
-        self.save()
         return protocol.Ok()
 
     def _status(self) -> protocol.Message:

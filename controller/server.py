@@ -1,9 +1,11 @@
 """The controller's Unix socket: newline-delimited JSON, one asyncio task per connection.
 
-Every line gets exactly one reply line. A malformed line gets an Error reply with the
-code :func:`adloader.protocol.decode` gives it and changes nothing; a line over
-``MAX_LINE_BYTES`` gets a ``too_long`` Error and the connection is closed (the rest of
-that line cannot be framed). One client's bad input never reaches another's task.
+Every line gets exactly one reply line; the unfinished last line of a connection that
+closes mid-line is dropped unanswered (it was never sent whole). A malformed line gets
+an Error reply with the code :func:`adloader.protocol.decode` gives it and changes
+nothing; a line over ``MAX_LINE_BYTES`` gets a ``too_long`` Error and the connection is
+closed (the rest of that line cannot be framed). One client's bad input never reaches
+another's task.
 
 The socket file is made mode 0666: anyone may connect, and the request handler
 authorizes each request from the peer's kernel credentials (SO_PEERCRED), never from
@@ -165,7 +167,10 @@ class ControlServer:
                 await self._send(writer, self._error("too_long", f"line exceeds {protocol.MAX_LINE_BYTES} bytes; "
                                                      "closing the connection"))
                 return
-            if not line:
+            if not line.endswith(b"\n"):  # closed, perhaps mid-line: an unfinished line is never acted on
+                if line:
+                    log.debug("pid %d closed the connection in the middle of a line (%d bytes): dropped",
+                              connection.peer.pid, len(line))
                 return
             await self._send(writer, self._reply(line.rstrip(b"\r\n"), connection))
 

@@ -15,7 +15,7 @@ REALLOCATION_REASONS: tuple[str, ...] = ("arrival", "departure", "gain", "policy
 ERROR_KINDS: tuple[str, ...] = (
     "too_long", "bad_encoding", "bad_json", "not_object", "bad_version", "unsupported_version",
     "unknown_type", "unknown_field", "missing_field", "bad_number", "bad_field", "internal",
-    "already_registered", "backend_failed", "forbidden", "bad_policy", "unknown_job",
+    "already_registered", "backend_failed", "forbidden", "bad_policy", "unknown_job", "state_unwritable",
 )
 """Known values of ``JobSnapshot.state``, of the keys of ``reallocations_total`` and of
 ``errors_total`` (the protocol's error codes plus the controller's). The exporter shows

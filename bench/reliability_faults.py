@@ -1,0 +1,200 @@
+"""Crash the controller during a busy run and check what a restart finds.
+
+Two kinds of crash, both a real SIGKILL-like death of the controller process:
+  * at a named fault point (``ADLOADER_FAULT_POINT=NAME@N``, controller/faults.py): the
+    windows that matter, e.g. after the new state is in the temp file but before the
+    rename, or between two jobs' cgroup writes;
+  * ``kill -9`` at a random moment while jobs arrive and leave.
+
+After each crash the controller is restarted and the node must become consistent
+(:meth:`bench.reliability_node.Node.violations` empty) within ``settle_s``; the time it
+took is recorded. Jobs keep training throughout (checked at the end by the caller with
+``Node.training_stopped``).
+"""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from adloader import protocol
+from bench.reliability_node import Node, TrackedJob, poll
+from controller import faults
+
+FAULT_POINTS: dict[str, str] = {
+    "register.after_cgroup": "arrival",
+    "state.after_temp_write@3": "churn",
+    "reconcile.between_jobs@2": "churn",
+    "loop.after_reconcile@3": "churn",
+    "remove.mid_removal": "departure",
+    "adopt.mid_adoption": "restart",
+}
+"""Fault point spec -> what makes a running controller reach it. ``@N`` skips the hits a
+restarted controller's own recovery makes (its save, its first reconcile), so the crash
+lands in the busy run; "restart" points are reached by recovery itself."""
+
+
+@dataclass
+class CrashOutcome:
+    fault: str
+    """The fault point spec, or "kill -9 after X s"."""
+    crashed: bool
+    """The controller died where it was meant to (the fault point's line in its log, status 137)."""
+    ready_s: float
+    """Restart until the controller answered (its recovery and first control step are done by then)."""
+    consistent_s: float | None
+    """Restart answered until every invariant held; None if they never did within the deadline."""
+    violations: list[str] = field(default_factory=list)
+
+
+def restart_and_check(node: Node, fault: str, crashed: bool, settle_s: float) -> CrashOutcome:
+    """Start the controller again (unarmed) and wait until the node is consistent."""
+    controller = node.controller
+    controller.environ.pop(faults.ENV_VAR, None)
+    started = time.monotonic()
+    try:
+        controller.start(ready=True)
+    except AssertionError as exc:  # it exited or never answered: a crash loop in the making
+        return CrashOutcome(fault, crashed, time.monotonic() - started, None, [f"the controller did not come back: {exc}"])
+    ready_s = time.monotonic() - started
+    consistent_s, violations = node.wait_consistent(settle_s)
+    return CrashOutcome(fault, crashed, ready_s, None if violations else consistent_s, violations)
+
+
+def crash_at_fault_point(node: Node, spec: str, settle_s: float, timeout: float = 60.0) -> CrashOutcome:
+    """Restart the controller armed with ``spec``, drive it there (FAULT_POINTS says how),
+    then restart it unarmed and check the node."""
+    controller = node.controller
+    name = spec.partition("@")[0]
+    marker = f"fault point {name} hit"
+    hits_before = controller.log().count(marker)
+    controller.kill()
+    controller.environ[faults.ENV_VAR] = spec
+    controller.start(ready=False)
+    poll(lambda: controller.proc.poll() is not None or node.answers(), timeout)
+    trigger = FAULT_POINTS.get(spec, "churn")
+    deadline = time.monotonic() + timeout
+    while controller.proc is not None and controller.proc.poll() is None and time.monotonic() < deadline:
+        if trigger == "arrival":
+            node.start_job(name=f"arrival-{len(node.jobs)}")
+        elif trigger == "departure" and node.live_jobs():
+            node.end_job(node.rng.choice(node.live_jobs()), node.rng.choice(("killed", "stopped")))
+        elif trigger in ("churn", "departure"):
+            node.churn_once()
+        poll(lambda: controller.proc.poll() is not None, 1.5 * controller.period)
+    controller.kill()  # it is dead already unless the point was never reached (crashed stays False)
+    crashed = controller.proc is not None and controller.proc.returncode == 137 and \
+        controller.log().count(marker) > hits_before
+    return restart_and_check(node, spec, crashed, settle_s)
+
+
+def crash_during_churn(node: Node, kills: int, settle_s: float, rng: random.Random) -> list[CrashOutcome]:
+    """``kills`` times: let jobs arrive and leave for a random while, SIGKILL the controller
+    mid-run, let a job come or go while it is down, restart it and check the node."""
+    outcomes = []
+    for _ in range(kills):
+        busy_for = rng.uniform(0.3, 2.5)
+        busy_until = time.monotonic() + busy_for
+        while time.monotonic() < busy_until:
+            node.churn_once()
+            time.sleep(rng.uniform(0.05, 0.5))
+        node.controller.kill()
+        if rng.random() < 0.5:
+            node.churn_once()  # a job arrives (and runs unmanaged) or leaves while no controller runs
+        outcomes.append(restart_and_check(node, f"kill -9 after {busy_for:.2f}s of churn", True, settle_s))
+    return outcomes
+
+
+@dataclass
+class JobFaultOutcome:
+    fault: str
+    cleanup_s: float | None
+    """From the job's last process gone to its group gone (None: not applicable or never)."""
+    violations: list[str] = field(default_factory=list)
+
+
+def dying_jobs(node: Node, settle_s: float, vanishing: int = 10) -> list[JobFaultOutcome]:
+    """Jobs that die in every way a job dies, one after another; each must be removed (or
+    kept, while a process of it lives) and leave the node consistent."""
+    period = node.controller.period
+    outcomes = []
+
+    job = _registered(node, "sigkilled")
+    job_id = node.job_id_of(job.handle.proc.pid)
+    pids = job.pids()
+    node.end_job(job, "killed")
+    outcomes.append(_removal("SIGKILL of a job's whole tree", node, job_id, pids, settle_s))
+
+    job = _registered(node, "orphaned-command")
+    job_id = node.job_id_of(job.handle.proc.pid)
+    command = job.pids() - {job.handle.proc.pid}
+    os.kill(job.handle.proc.pid, signal.SIGKILL)
+    job.handle.proc.wait()
+    time.sleep(3 * period)  # several steps: the job must be kept while its command lives
+    kept = job_id in {j.job_id for j in node.controller.status().jobs} and bool(_alive(command))
+    job.meant_to_end = "killed"
+    job.handle.kill_tree()
+    for pid in _alive(command):
+        os.kill(pid, signal.SIGKILL)
+    outcome = _removal("launcher SIGKILLed, its command lives on, then dies", node, job_id, command, settle_s)
+    if not kept:
+        outcome.violations.insert(0, "the job was dropped while its command still ran")
+    outcomes.append(outcome)
+
+    for _ in range(vanishing):
+        register_and_vanish(node.controller.socket)
+    _, left = node.wait_consistent(settle_s)
+    outcomes.append(JobFaultOutcome(f"{vanishing} processes that send Register and exit at once", None, left))
+
+    quick = [node.controller.run("true", name=f"instant-{i}") for i in range(4)]
+    for handle in quick:
+        handle.proc.wait(60)
+    _, left = node.wait_consistent(settle_s)
+    left += [f"{h.name} exited {h.proc.returncode}" for h in quick if h.proc.returncode != 0]
+    outcomes.append(JobFaultOutcome("4 jobs whose command exits while its limits are written", None, left))
+    return outcomes
+
+
+def register_and_vanish(socket_path: Path) -> None:
+    """Fork a process that sends Register and exits without waiting for the reply: the
+    controller finds it gone while it makes the job's group or moves it in."""
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into the caller
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.connect(str(socket_path))
+                sock.sendall(protocol.encode(protocol.Register(name="vanishing")))
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def _registered(node: Node, name: str) -> TrackedJob:
+    job = node.start_job(name=name)
+    if node.wait_registered(job) is None:
+        raise AssertionError(f"job {name} did not register: {job.handle.output()}")
+    poll(lambda: len(job.pids()) > 1, 30)  # its command has started
+    return job
+
+
+def _alive(pids: set[int]) -> set[int]:
+    return {p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE}
+
+
+def _removal(fault: str, node: Node, job_id: str | None, pids: set[int], settle_s: float) -> JobFaultOutcome:
+    """Wait for ``pids`` to be gone, then time how long until the job's group is gone too."""
+    poll(lambda: not _alive(pids), settle_s)
+    gone_at = time.monotonic()
+    group = node.root / "cpu" / node.controller.group / str(job_id)
+    removed = poll(lambda: not group.exists(), settle_s, interval=0.01)
+    cleanup_s = time.monotonic() - gone_at if removed else None
+    _, left = node.wait_consistent(settle_s)
+    if job_id is None:
+        left.insert(0, "the job never registered")
+    return JobFaultOutcome(fault, cleanup_s, left)

@@ -1,0 +1,142 @@
+"""The controller under faults, end to end: real controller processes killed with SIGKILL
+at named fault points and at random moments of a busy run, real cgroups, real jobs
+(bench/reliability_job.py under ``adloader run``) that must train on throughout.
+
+After every restart the node must become consistent (bench/reliability_node.py lists the
+invariants: every live job adopted with the policy's limits back in the kernel, no
+orphaned group, no process lost out of its group, the other owner's cgroup untouched)
+and every job must keep training. The benchmark (bench/reliability.py) runs the same
+scenarios longer and counts them.
+"""
+from __future__ import annotations
+
+import random
+import signal
+from typing import Callable, Iterator
+
+import pytest
+
+from bench.reliability_faults import FAULT_POINTS, crash_at_fault_point, crash_during_churn, dying_jobs
+from bench.reliability_job import Progress, parse_progress
+from bench.reliability_node import Node, TrackedJob
+from bench.reliability_state import run_on_unwritable_state_dir, small_tmpfs, start_on_state, state_variants
+from fixtures.managed import ControllerProcess, wait_until
+
+PERIOD = 0.5
+SETTLE_S = 2 * PERIOD + 3.0
+"""Two control periods, plus slack for a machine shared with other test runs."""
+MAX_STEP_GAP_S = 5.0
+"""A training step is 50 ms; a job whose step took this long stopped training."""
+
+
+@pytest.fixture
+def node(start_controller: Callable[..., ControllerProcess]) -> Iterator[Node]:
+    node = Node(start_controller("--policy", "even", "--cpus", "0", period=PERIOD))
+    yield node
+    node.close()
+
+
+def _start_jobs(node: Node, count: int) -> None:
+    jobs = [node.start_job(name=f"steady-{i}") for i in range(count)]
+    assert all(node.wait_registered(job) for job in jobs), [j.handle.output() for j in jobs]
+
+
+def test_a_crash_at_each_named_fault_point_is_recovered_from(node: Node) -> None:
+    _start_jobs(node, 2)
+    outcomes = [crash_at_fault_point(node, spec, SETTLE_S) for spec in FAULT_POINTS]
+    for outcome in outcomes:
+        assert outcome.crashed, f"{outcome.fault} was never reached; log:\n{node.controller.log()[-3000:]}"
+        assert outcome.violations == [], outcome
+    node.stop_all()
+    assert node.training_stopped(MAX_STEP_GAP_S) == []
+
+
+def test_kill_9_at_random_moments_of_a_busy_run(node: Node) -> None:
+    _start_jobs(node, 2)
+    outcomes = crash_during_churn(node, kills=3, settle_s=SETTLE_S, rng=random.Random(1))
+    assert [o.violations for o in outcomes] == [[], [], []], outcomes
+    node.stop_all()
+    assert node.training_stopped(MAX_STEP_GAP_S) == []
+
+
+def test_a_damaged_state_file_never_stops_the_controller_from_starting(node: Node) -> None:
+    _start_jobs(node, 1)
+    original = (node.controller.state_dir / "state.json").read_bytes()
+    lengths = (len(original) // 2, len(original) - 2, len(original) - 1)  # the last only loses the newline
+    for variant in state_variants(original, lengths):
+        outcome = start_on_state(node, variant, SETTLE_S)
+        assert outcome.violations == [], (variant.label, outcome.violations)
+    assert node.training_stopped(MAX_STEP_GAP_S) == []
+
+
+@pytest.fixture
+def node_on_tmpfs(start_controller: Callable[..., ControllerProcess]) -> Iterator[Node]:
+    """A node whose controller keeps its state on a 64 KiB tmpfs of its own."""
+    controller = start_controller("--policy", "even", "--cpus", "0", period=PERIOD)
+    controller.kill()
+    with small_tmpfs(controller.state_dir):
+        controller.start()
+        node = Node(controller)
+        try:
+            yield node
+        finally:
+            node.close()
+            controller.kill()
+
+
+@pytest.mark.parametrize("damage", ["full", "read-only"])
+def test_a_full_or_read_only_state_directory_is_survived_and_said(node_on_tmpfs: Node, damage: str) -> None:
+    _start_jobs(node_on_tmpfs, 1)
+    assert run_on_unwritable_state_dir(node_on_tmpfs, damage, SETTLE_S) == []
+    assert node_on_tmpfs.training_stopped(MAX_STEP_GAP_S) == []
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_jobs_train_on_while_the_controller_is_away_and_their_loaders_reconnect(
+    start_controller: Callable[..., ControllerProcess], how: str,
+) -> None:
+    controller = start_controller("--policy", "even", "--cpus", "0-1", period=PERIOD)
+    node = Node(controller, cpus=2)
+    try:
+        job = node.start_job(name="loader", loader_workers=1)
+        job_id = node.wait_registered(job)
+        assert job_id, job.handle.output()
+        # Alone on two cores, the even split gives it 2 cores and 2 workers; its loader takes the target.
+        progress = wait_until(lambda: _progress_with(job, lambda p: p.target_workers == 2), 60,
+                              "the loader to take the controller's worker target")
+        quota = _quota(controller, job_id)
+        assert quota == 200_000
+        if how == "SIGKILL":
+            controller.kill()
+        else:
+            assert controller.stop(signal.SIGTERM) == 0
+        away = wait_until(lambda: _progress_with(job, lambda p: p.steps >= progress.steps + 20), 30,
+                          "training to go on without the controller")
+        assert job.alive and away.target_workers == 2  # the last worker count is kept
+        assert _quota(controller, job_id) == (quota if how == "SIGKILL" else -1)  # SIGTERM lifts the limits
+        controller.start()
+        samples = wait_until(lambda: (controller.job(job_id) or None) and controller.job(job_id).samples_total, 30,
+                             "the loader's reporter to reconnect and report")
+        assert samples >= away.samples and controller.job(job_id).ranks_reporting == 1
+        assert _quota(controller, job_id) == quota
+        node.stop_all()
+        assert node.training_stopped(MAX_STEP_GAP_S) == []
+    finally:
+        node.close()
+
+
+def _progress_with(job: TrackedJob, condition: Callable[[Progress], bool]) -> Progress | None:
+    progress = parse_progress(job.handle.output()[0])
+    return progress if progress is not None and condition(progress) else None
+
+
+def _quota(controller: ControllerProcess, job_id: str) -> int:
+    return int(controller.read("cpu", job_id, "cpu.cfs_quota_us"))
+
+
+def test_jobs_that_die_in_every_way_are_removed_or_kept_as_they_should(node: Node) -> None:
+    _start_jobs(node, 1)
+    outcomes = dying_jobs(node, SETTLE_S)
+    assert [(o.fault, o.violations) for o in outcomes] == [(o.fault, []) for o in outcomes]
+    assert all(o.cleanup_s is not None for o in outcomes[:2]), outcomes
+    assert node.training_stopped(MAX_STEP_GAP_S) == []
