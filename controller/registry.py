@@ -37,7 +37,6 @@ Predictor = Callable[[dict[str, float], int], "tuple[float, float, float] | None
 JobFinishedHook = Callable[[JobSnapshot], None]
 
 
-
 @dataclass(frozen=True)
 class Rates:
     """What the reports of one job say over the window (None: not enough data yet)."""
