@@ -15,6 +15,7 @@ from typing import Callable
 import pytest
 
 from fixtures.managed import REPO, ControllerProcess, JobProcess, base_environment, wait_until
+from launcher.cli import load_features
 from launcher.run import default_name, exit_code_of, gpus_from_environment
 
 READY_THEN_SLEEP = """
@@ -163,3 +164,13 @@ def test_the_exit_code_passes_even_when_the_launcher_inherits_sigchld_ignored(tm
         timeout=30, preexec_fn=ignore_sigchld,
     )
     assert result.returncode == 3, result.stderr
+
+
+def test_model_features_must_be_a_json_object_of_numbers(tmp_path: Path) -> None:
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text('{"flops": 4.1e9, "batch_size": 64}')
+    bad.write_text('{"flops": "many"}')
+    assert load_features(good) == {"flops": 4.1e9, "batch_size": 64.0}
+    result = subprocess.run([sys.executable, "-m", "adloader", "run", "--model-features", str(bad), "--", "true"],
+                            capture_output=True, text=True, cwd=REPO, env=base_environment(), timeout=30)
+    assert result.returncode == 2 and "must be a JSON object of names to finite numbers" in result.stderr
