@@ -47,11 +47,16 @@ class Register(Message):
     sender (identified by SO_PEERCRED, never by a field) into it before replying."""
 
     TYPE: ClassVar[str] = "register"
-    RANGES: ClassVar[dict[str, tuple[float, float]]] = {"gpus": (0, 1024), "num_workers": (0, 1024)}
+    RANGES: ClassVar[dict[str, tuple[float, float]]] = {
+        "gpus": (0, 1024), "num_workers": (0, 1024), "samples": (0, MAX_NUMBER),
+    }
     name: str
     gpus: int = 0
     num_workers: int | None = None
     features: dict[str, float] | None = None
+    samples: int | None = None
+    """Samples the job will process in all (its length), when the user knows it: lets
+    shortest-remaining-first policies (``jct``) rank it."""
 
 
 @dataclass(frozen=True)

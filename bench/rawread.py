@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import mmap
 import os
-import random
 from pathlib import Path
 
 import numpy as np
@@ -82,10 +81,11 @@ class RawFolder(Dataset):
         if got < self.size:
             raise RawDataError(f"{self.files[index]}: short read ({got} of {self.size} bytes); regenerate the cache")
         image = np.frombuffer(self._buffer, dtype=np.uint8, count=self.size).reshape(self.px, self.px, 3)
-        top = random.randrange(self.px - self.crop + 1)
-        left = random.randrange(self.px - self.crop + 1)
+        # torch's RNG, so the loader's per-batch seeding makes samples reproducible
+        top = int(torch.randint(0, self.px - self.crop + 1, ()))
+        left = int(torch.randint(0, self.px - self.crop + 1, ()))
         patch = image[top:top + self.crop, left:left + self.crop]
-        if random.random() < 0.5:
+        if torch.rand(()) < 0.5:
             patch = patch[:, ::-1]
         small = patch[::SUBSAMPLE, ::SUBSAMPLE]
         return torch.from_numpy(np.ascontiguousarray(small.transpose(2, 0, 1)))

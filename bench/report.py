@@ -58,6 +58,9 @@ def score_run(run: RunOutcome) -> dict[str, Any]:
         "settle_s": max(settle) if settle else 0.0,
         "settle_events_s": settle,
         "jobs": jobs,
+        "allocations": [[t, {name: [f.get("cores"), f.get("workers"), f.get("read_bps")] for name, f in js.items()}]
+                        for t, js in run.samples],
+        "allocations_fields": ["cores", "workers", "read_bps"],
     }
 
 

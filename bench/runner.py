@@ -74,7 +74,7 @@ class RunOutcome:
     controller_cpu_s: float
     wall_s: float
     samples: list[tuple[float, dict[str, dict]]] = field(default_factory=list)
-    """(seconds since start, {job name: its status fields}) twice a second."""
+    """(seconds since start, {job name: its status fields}) twice a second, jobs not yet gone."""
 
 
 Progress = Callable[[str, float, list[JobOutcome], NodeSnapshot | None], None]
@@ -129,7 +129,8 @@ def run_policy(
                 raise BenchError(f"{policy}: the controller exited with {controller.returncode}; "
                                  f"log: {run_dir / 'controller.log'}")
             if snapshot is not None:
-                status_samples.append((round(now, 3), {j.name: _job_fields(j) for j in snapshot.jobs}))
+                live = {j.name: _job_fields(j) for j in snapshot.jobs if j.state != "gone"}
+                status_samples.append((round(now, 3), live))
             if progress is not None:
                 progress(policy, now, outcomes, snapshot)
             time.sleep(POLL_S)
@@ -151,7 +152,7 @@ def job_command(spec: JobSpec, dataset: Path, timeline: Path) -> list[str]:
     """``adloader run`` of one mix job."""
     command = [
         sys.executable, "-m", "adloader", "run", "--name", spec.name, "--gpus", str(spec.gpus),
-        "--num-workers", str(spec.num_workers), "--",
+        "--num-workers", str(spec.num_workers), "--samples", str(spec.samples), "--",
         sys.executable, "-m", "bench.job", "--name", spec.name, "--dataset", str(dataset),
         "--image-px", str(spec.image_px), "--batch-size", str(spec.batch_size),
         "--compute-ms", str(spec.compute_ms_per_batch), "--samples", str(spec.samples),

@@ -69,6 +69,8 @@ class Job:
     predicted: tuple[float, float, float] | None = None
     """(M, low, high) from the predictor, until measurements take over."""
     remaining_samples: float | None = None
+    total_samples: int | None = None
+    """The job's length as it declared it at registration (``adloader run --samples``)."""
     allocation: JobAllocation = field(default_factory=JobAllocation)
     """The policy's latest decision for the job (the Target replies carry it)."""
     connected: bool = True
@@ -137,12 +139,13 @@ class Registry:
         cgroup: str,
         requested_workers: int | None = None,
         features: dict[str, float] | None = None,
+        total_samples: int | None = None,
     ) -> Job:
         now = self._wall_clock()
         job = Job(
             job_id=job_id, name=name, uid=uid, gpus=gpus, launcher_pid=launcher_pid, registered_at=now,
             arrival_s=now - self._started_wall, cgroup=cgroup, requested_workers=requested_workers,
-            features=features,
+            features=features, total_samples=total_samples,
         )
         job.predicted = self._predict(job)
         self._jobs[job_id] = job
@@ -182,7 +185,7 @@ class Registry:
                 job_id=job.job_id, name=job.name, uid=job.uid, gpus=job.gpus, launcher_pid=job.launcher_pid,
                 registered_at=job.registered_at, cgroup=job.cgroup, allocation=job.allocation,
                 requested_workers=job.requested_workers, features=job.features,
-                remaining_samples=job.remaining_samples,
+                remaining_samples=self.remaining_samples(job),
             )
             for job in self
         }
@@ -286,10 +289,18 @@ class Registry:
                     max_throughput=max_tp, max_throughput_interval=interval,
                     cpu_s_per_sample=rates.cpu_s_per_sample, bytes_per_sample=rates.bytes_per_sample,
                     loading_curve=job.loading_curve.points(), achieved=rates.achieved,
-                    remaining_samples=job.remaining_samples, current=applied.get(job.job_id, job.allocation),
+                    remaining_samples=self.remaining_samples(job), current=applied.get(job.job_id, job.allocation),
                 )
             )
         return views
+
+    def remaining_samples(self, job: Job) -> float | None:
+        """Samples left: the declared length minus what the ranks reported, else what
+        history or the state file said (None: unknown)."""
+        if job.total_samples is None:
+            return job.remaining_samples
+        done = sum(window[-1][1].samples for window in job.ranks.values() if window)
+        return float(max(0, job.total_samples - done))
 
     def snapshot(self, job: Job, *, pids: set[int], cpu_seconds: float) -> JobSnapshot:
         rates = self.rates(job)

@@ -27,6 +27,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "1 when it is unset)")
     parser.add_argument("--num-workers", type=_count, default=None, metavar="N",
                         help="DataLoader workers per rank the job would use unmanaged")
+    parser.add_argument("--samples", type=_count, default=None, metavar="N",
+                        help="samples the job will process in all, if known (lets --policy jct finish short jobs first)")
     parser.add_argument("--model-features", type=Path, default=None, metavar="FILE",
                         help="JSON object of model features (from `adloader model`) for the throughput prediction")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
@@ -47,6 +49,7 @@ def main(args: argparse.Namespace) -> int:
             gpus=args.gpus if args.gpus is not None else gpus_from_environment(os.environ),
             num_workers=args.num_workers,
             features=load_features(args.model_features) if args.model_features else None,
+            samples=args.samples,
         )
     except LaunchError as exc:
         log.error("%s", exc)

@@ -42,6 +42,7 @@ class JobRequest:
     gpus: int
     num_workers: int | None = None
     features: dict[str, float] | None = None
+    samples: int | None = None
 
 
 def gpus_from_environment(environ: Mapping[str, str]) -> int:
@@ -96,7 +97,8 @@ def register(request: JobRequest, socket_path: str) -> ManagedJob | None:
     None, after one warning line, when the job must run unmanaged."""
     client = ControllerClient(socket_path, timeout=10.0)
     message = protocol.Register(
-        name=request.name, gpus=request.gpus, num_workers=request.num_workers, features=request.features
+        name=request.name, gpus=request.gpus, num_workers=request.num_workers, features=request.features,
+        samples=request.samples,
     )
     try:
         reply = client.request(message)
