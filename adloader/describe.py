@@ -1,0 +1,34 @@
+"""``adloader.describe_model``: a model's features for the controller, counted without running it.
+
+A thin wrapper of :func:`throughput_model.features.describe`: the job calls it once at
+start (before training) and sends the flat dict in ``Register.features`` / ``Report.features``;
+what could not be counted is logged as a warning and marked in ``count_complete``.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from adloader import env
+
+log = logging.getLogger(__name__)
+
+
+def describe_model(
+    model: Any,
+    example_batch: Any,
+    *,
+    loss_fn: Callable[[Any], Any] | None = None,
+    optimizer: Any = "adamw",
+    gpus: int | None = None,
+) -> dict[str, float]:
+    """Features of one training step of ``model`` on ``example_batch`` (see
+    ``throughput_model.features.describe`` for the arguments). ``gpus`` defaults to the
+    job's ``WORLD_SIZE`` and sets the all-reduce volume."""
+    from throughput_model.features import describe
+
+    description = describe(model, example_batch, loss_fn=loss_fn, optimizer=optimizer,
+                           gpus=gpus if gpus is not None else env.world_size())
+    for note in description.notes:
+        log.warning("describe_model: %s", note)
+    return description.features

@@ -1,0 +1,129 @@
+"""Job history in a real SQLite file, and the predictor that learns from it."""
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from controller.history import FinishedJob, JobHistory, features_key
+from controller.prediction import ThroughputPredictor, history_ratios, predicted_max_throughput
+from controller.snapshot import JobSnapshot
+from throughput_model.predict import predict
+from throughput_model.zoo import classification_loss, zoo_model
+from throughput_model.features import describe
+
+
+@pytest.fixture(scope="module")
+def mlp_features() -> dict[str, float]:
+    spec = zoo_model("mlp-w256-d2")
+    return describe(spec.make(), spec.batch(64), loss_fn=classification_loss, optimizer=spec.optimizer).features
+
+
+@pytest.fixture(scope="module")
+def encoder_features() -> dict[str, float]:
+    spec = zoo_model("encoder-d128-l2-h4-s64")
+    return describe(spec.make(), spec.batch(8), loss_fn=classification_loss, optimizer=spec.optimizer).features
+
+
+def _snapshot(name: str, samples: int, measured: float | None, registered_at: float = 1000.0) -> JobSnapshot:
+    return JobSnapshot(
+        job_id=f"{name}-{samples}", name=name, uid=0, gpus=1, state="gone", launcher_pid=1, pids=(), cgroup="",
+        registered_at=registered_at, batch_size=64, max_sps_predicted=100.0, max_sps_measured=measured,
+        samples_total=samples, loader_cpu_seconds_total=samples * 0.002, read_bytes_total=samples * 150_000,
+    )
+
+
+def test_round_trip_through_a_real_sqlite_file(tmp_path, mlp_features) -> None:
+    path = tmp_path / "state" / "history.sqlite"
+    history = JobHistory(path)
+    curve = ((1.0, 400.0), (2.0, 700.0))
+    for samples, measured, end in [(10_000, 900.0, 1100.0), (12_000, 1000.0, 1130.0), (11_000, 950.0, 1120.0)]:
+        history.record(FinishedJob.from_snapshot(_snapshot("resnet", samples, measured), features=mlp_features,
+                                                 loading_curve=curve, device="cpu", finished_at=end))
+    reopened = JobHistory(path)  # a restarted controller sees the same history
+    assert len(reopened) == 3
+    estimate = reopened.lookup("resnet", mlp_features)
+    assert estimate is not None
+    assert estimate.runs == 3
+    assert estimate.samples == 11_000
+    assert estimate.duration_s == pytest.approx(120.0)
+    assert estimate.max_throughput == 950.0
+    assert estimate.max_throughput_range == (900.0, 1000.0)
+    assert estimate.cpu_s_per_sample == pytest.approx(0.002)
+    assert estimate.bytes_per_sample == pytest.approx(150_000)
+    assert estimate.loading_curve == curve
+    stored = list(reopened)
+    assert stored[0].features == mlp_features
+    assert stored[0].device == "cpu"
+    with sqlite3.connect(path) as connection:  # it is a plain SQLite file an operator can query
+        assert connection.execute("SELECT COUNT(*) FROM jobs WHERE name = 'resnet'").fetchone()[0] == 3
+
+
+def test_lookup_needs_the_same_name_and_features(tmp_path, mlp_features, encoder_features) -> None:
+    history = JobHistory(tmp_path / "h.sqlite")
+    history.record(FinishedJob.from_snapshot(_snapshot("a", 500, 80.0), features=mlp_features, finished_at=1010.0))
+    assert history.lookup("a", encoder_features) is None
+    assert history.lookup("b", mlp_features) is None
+    assert history.lookup("a", mlp_features) is not None
+    by_name = history.lookup("a", None)
+    assert by_name is not None and by_name.runs == 1
+    relaunched = dict(mlp_features, gpus=4.0, allreduce_bytes=123.0)  # same job on more GPUs
+    assert features_key(relaunched) == features_key(mlp_features)
+
+
+def test_runs_without_samples_do_not_count(tmp_path, mlp_features) -> None:
+    history = JobHistory(tmp_path / "h.sqlite")
+    history.record(FinishedJob.from_snapshot(_snapshot("crashed", 0, None), features=mlp_features, finished_at=1001.0))
+    assert history.lookup("crashed", mlp_features) is None
+    assert len(history) == 1
+
+
+def test_oldest_records_are_dropped_beyond_the_bound(tmp_path, mlp_features) -> None:
+    history = JobHistory(tmp_path / "h.sqlite", max_records=3)
+    for i in range(5):
+        history.record(FinishedJob.from_snapshot(_snapshot("j", 100 + i, 10.0), features=mlp_features,
+                                                 finished_at=2000.0 + i))
+    assert [job.samples for job in history] == [102, 103, 104]
+
+
+def test_a_corrupt_file_is_moved_aside_and_replaced(tmp_path) -> None:
+    path = tmp_path / "history.sqlite"
+    path.write_bytes(b"this is not an sqlite database" * 100)
+    history = JobHistory(path)
+    assert len(history) == 0
+    assert list(tmp_path.glob("history.sqlite.corrupt-*"))
+
+
+def test_recurring_job_gets_its_measured_throughput(tmp_path, mlp_features) -> None:
+    history = JobHistory(tmp_path / "h.sqlite")
+    for measured in (410.0, 400.0, 390.0):
+        history.record(FinishedJob.from_snapshot(_snapshot("mlp", 1000, measured), features=mlp_features,
+                                                 device="cpu", finished_at=1500.0))
+    assert predicted_max_throughput(mlp_features, 1, "cpu", history) == (400.0, 390.0, 410.0)
+
+
+def test_node_history_corrects_the_model(tmp_path, mlp_features, encoder_features) -> None:
+    """A node whose jobs all run at half the modelled speed learns it after a few jobs."""
+    history = JobHistory(tmp_path / "h.sqlite")
+    model_mlp = predict(mlp_features, gpus=1, device="cpu").samples_per_s
+    model_encoder = predict(encoder_features, gpus=1, device="cpu").samples_per_s
+    predictor = ThroughputPredictor(device="cpu", history=history)
+    uncorrected = predictor(encoder_features, 1)
+    assert uncorrected is not None and uncorrected[0] == pytest.approx(model_encoder)
+    for i, scale in enumerate((0.5, 0.45, 0.55)):
+        features = dict(mlp_features, batch_size=mlp_features["batch_size"] + i)  # three different jobs
+        model = predict(features, gpus=1, device="cpu").samples_per_s
+        history.record(FinishedJob.from_snapshot(_snapshot(f"job{i}", 1000, model * scale), features=features,
+                                                 device="cpu", finished_at=1200.0))
+    assert sorted(history_ratios(history, "cpu")) == pytest.approx([0.45, 0.5, 0.55], rel=1e-6)
+    corrected = predictor(encoder_features, 1)
+    assert corrected is not None
+    assert corrected[0] == pytest.approx(0.5 * model_encoder, rel=1e-6)
+    assert corrected[1] <= corrected[0] <= corrected[2]
+    assert model_mlp > 0
+
+
+def test_no_features_or_unknown_device_means_no_prediction(tmp_path, mlp_features) -> None:
+    assert predicted_max_throughput(None, 1, "cpu") is None
+    assert predicted_max_throughput({}, 1, "cpu") is None
+    assert predicted_max_throughput(mlp_features, 1, "TPUv9") is None

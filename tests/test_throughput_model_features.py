@@ -1,0 +1,171 @@
+"""Features from a model's structure, counted on the meta device: checked against hand-derived counts."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from adloader import protocol
+from throughput_model.counting import OP_CLASSES, account_step
+from throughput_model.features import FEATURE_KEYS, MAX_KEYS, describe
+from throughput_model.zoo import FAMILIES, ZOO, classification_loss, resnet50
+
+
+def _describe(spec, batch: int):
+    return describe(spec.make(), spec.batch(batch), loss_fn=classification_loss, optimizer=spec.optimizer)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_family_is_counted_completely_and_compactly(family: str) -> None:
+    spec = next(m for m in ZOO if m.family == family)
+    description = _describe(spec, spec.batches[0])
+    features = description.features
+    assert set(features) == set(FEATURE_KEYS) and len(features) <= MAX_KEYS
+    assert all(isinstance(v, float) and math.isfinite(v) for v in features.values())
+    assert features["count_complete"] == 1.0, description.notes
+    assert features["batch_size"] == spec.batches[0]
+    assert features["flops_total"] > 0 and features["bytes_total"] > 0 and features["ops_total"] > 0
+    assert features["flops_total"] == pytest.approx(sum(features[f"{c}_flops"] for c in OP_CLASSES))
+    assert features["optimizer_ops"] > 0 and features["optimizer_bytes"] >= 2 * features["param_bytes"]
+
+
+def test_features_travel_in_a_register_message() -> None:
+    spec = ZOO[0]
+    message = protocol.Register(name="job", gpus=2, features=_describe(spec, 16).features)
+    assert protocol.decode(protocol.encode(message)) == message
+
+
+def test_mlp_flops_and_bytes_match_hand_counts() -> None:
+    batch, sizes = 32, [(784, 256), (256, 256), (256, 10)]
+    model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+    features = describe(model, torch.randn(batch, 784), optimizer="sgd").features
+    forward = sum(2 * batch * i * o for i, o in sizes)
+    # backward: grad of the weights for every layer, grad of the input for all but the first
+    backward = sum(2 * batch * i * o for i, o in sizes) + sum(2 * batch * i * o for i, o in sizes[1:])
+    assert features["flops_forward"] == forward
+    assert features["flops_backward"] == backward
+    assert features["gemm_flops"] == forward + backward
+    params = sum(i * o + o for i, o in sizes)
+    assert features["params"] == params and features["param_bytes"] == 4 * params
+    assert features["elementwise_flops"] == 0  # PyTorch's FLOP formulas cover matmul/conv/attention only...
+    assert features["elementwise_bytes"] >= 2 * 4 * batch * 256 * 2  # ...so ReLU and its backward are counted in bytes
+
+
+def test_convolution_flops_match_the_formula() -> None:
+    batch = 4
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1, groups=16))
+    features = describe(model, torch.randn(batch, 3, 32, 32), optimizer="none").features
+    dense = 2 * batch * 32 * 32 * 16 * 3 * 9
+    depthwise = 2 * batch * 32 * 32 * 16 * 9
+    assert features["flops_forward"] == dense + depthwise
+    assert features["conv_grouped_flops"] > 0 and features["conv_flops"] > 0
+    assert features["optimizer_ops"] == 0
+
+
+def test_attention_is_one_region_and_its_projections_stay_matmuls() -> None:
+    spec = next(m for m in ZOO if m.family == "decoder")
+    features = _describe(spec, 2).features
+    assert features["attention_flops"] > 0 and features["gemm_flops"] > features["attention_flops"]
+    encoder = next(m for m in ZOO if m.family == "encoder")  # nn.MultiheadAttention goes through the same region
+    features = _describe(encoder, 2).features
+    assert features["attention_flops"] > 0 and features["gemm_flops"] > 0
+
+
+def test_a_long_rnn_is_counted_on_a_probe_of_its_sequence() -> None:
+    """Counting probes of 2 and 4 steps and extrapolating gives the FLOPs of counting all 24 steps.
+    Ops and bytes come out a little lower: the full meta decomposition handles the gradient of every
+    step's output with extra ops and a full-length buffer (select_backward), which grows with the
+    square of the length and which no fused RNN kernel does."""
+    model = nn.LSTM(16, 32, num_layers=2, batch_first=True).to("meta")
+    x = torch.empty(3, 24, 16, device="meta")
+
+    def step():
+        out, _ = model(x)
+        return out.sum()
+
+    probed = account_step(step, None).tally.classes["rnn"]
+    full_regions = account_step(step, None, probe_steps=1000).tally.classes["rnn"]
+    assert probed.flops == pytest.approx(full_regions.flops, rel=1e-9)
+    assert probed.ops == pytest.approx(full_regions.ops, rel=0.1)
+    assert 0.7 * full_regions.bytes < probed.bytes < full_regions.bytes
+
+
+def test_resnet50_is_described_completely_without_touching_the_model() -> None:
+    model = resnet50()
+    before = {n: p.detach().clone() for n, p in list(model.named_parameters())[:3]}
+    description = describe(model, torch.randn(8, 3, 224, 224), optimizer="sgd")
+    features = description.features
+    assert features["count_complete"] == 1.0
+    assert features["params"] == pytest.approx(25.557e6, rel=1e-3)
+    # ~4.1 GMAC forward per 224x224 image; a training step is about 3x the forward FLOPs
+    assert features["flops_forward"] / 8 == pytest.approx(8.2e9, rel=0.03)
+    assert features["flops_total"] == pytest.approx(3 * features["flops_forward"], rel=0.02)
+    for name, value in before.items():
+        parameter = dict(model.named_parameters())[name]
+        assert parameter.device.type == "cpu" and torch.equal(parameter, value)
+    print(f"ResNet-50 described in {description.seconds:.2f} s")
+
+
+class DataDependent(nn.Module):
+    """Branches on a tensor's value: impossible on meta tensors."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.a(x) if x.sum().item() > 0 else self.b(x)
+
+
+def test_what_cannot_be_counted_is_said() -> None:
+    description = describe(DataDependent(), torch.randn(4, 8))
+    assert description.features["count_complete"] == 0.0
+    assert any("forward" in note for note in description.notes)
+    assert description.features["params"] == 2 * (64 + 8)  # parameter sizes are still known
+
+
+class NoBackward(nn.Module):
+    """Its backward reads a value: forward counts, backward cannot."""
+
+    class _Op(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):  # type: ignore[override]
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):  # type: ignore[override]
+            return grad * float(grad.sum().item())
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._Op.apply(self.layer(x))
+
+
+def test_a_failed_backward_is_estimated_from_the_forward() -> None:
+    description = describe(NoBackward(), torch.randn(4, 8), optimizer="adam")
+    features = description.features
+    assert features["count_complete"] == 0.0
+    assert any("backward" in note for note in description.notes)
+    assert features["flops_backward"] == 2 * features["flops_forward"] > 0
+    assert features["optimizer_bytes"] > 0 and features["optimizer_ops"] > 0
+
+
+def test_allreduce_volume_follows_the_gpu_count() -> None:
+    spec = ZOO[0]
+    one = describe(spec.make(), spec.batch(16), gpus=1).features
+    four = describe(spec.make(), spec.batch(16), gpus=4).features
+    assert one["allreduce_bytes"] == 0
+    assert four["allreduce_bytes"] == pytest.approx(2 * 3 / 4 * four["grad_bytes"])
+
+
+def test_describe_model_in_the_job_uses_world_size(monkeypatch) -> None:
+    import adloader
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    features = adloader.describe_model(nn.Linear(16, 4), torch.randn(8, 16))
+    assert features["gpus"] == 2 and features["allreduce_bytes"] == features["grad_bytes"]

@@ -1,0 +1,141 @@
+"""Profiling, fitting, held-out evaluation, prediction and online correction, on real measurements."""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from importlib import resources
+
+import pytest
+
+from throughput_model import evaluate, fit, online, predict, profile
+from throughput_model.counting import OP_CLASSES
+from throughput_model.errors import UnknownDevice
+from throughput_model.zoo import FAMILIES, zoo_model
+
+
+@pytest.fixture(scope="module")
+def corpus() -> dict:
+    return fit.load_corpus()
+
+
+def _subset(corpus: dict, families: tuple[str, ...], models_per_family: int = 3) -> dict:
+    kept, seen = [], {}
+    for point in corpus["points"]:
+        if point["family"] not in families:
+            continue
+        names = seen.setdefault(point["family"], [])
+        if point["model"] not in names:
+            if len(names) == models_per_family:
+                continue
+            names.append(point["model"])
+        kept.append(point)
+    return {**corpus, "points": kept}
+
+
+def test_profiling_measures_a_real_training_step() -> None:
+    record = profile.profile_point(zoo_model("mlp-w256-d2"), 16, steps=4, warmup=1, instrumented=1)
+    assert record["family"] == "mlp" and record["batch"] == 16
+    assert len(record["step_samples_s"]) == 4 and all(t > 0 for t in record["step_samples_s"])
+    assert record["step_s"] == pytest.approx(statistics.median(record["step_samples_s"]), rel=1e-3)
+    assert set(record["class_s"]) == set(OP_CLASSES)
+    assert record["class_s"]["gemm"] > 0 and record["class_s"]["optimizer"] > 0
+    assert record["class_s"]["conv"] == 0  # an MLP has no convolution, and none was timed
+    assert record["features"]["count_complete"] == 1.0
+
+
+def test_the_shipped_corpus_is_json_data_covering_every_family(corpus: dict) -> None:
+    text = resources.files("throughput_model").joinpath("data/corpus.json").read_text()
+    assert json.loads(text)["points"]  # plain JSON: no pickle anywhere
+    assert set(p["family"] for p in corpus["points"]) == set(FAMILIES)
+    assert corpus["threads"] == 1
+    assert all(p["step_s"] > 0 and len(p["step_samples_s"]) >= 25 for p in corpus["points"])
+
+
+def test_the_fitted_model_is_rebuilt_from_the_corpus_and_cached() -> None:
+    first = fit.load_fitted()
+    assert fit.load_fitted() is first
+    assert set(first.coefficients) == set(OP_CLASSES)
+    assert all(v >= 0 for coefficients in first.coefficients.values() for v in coefficients)
+    assert all(source.startswith("fitted") for c, source in first.sources.items() if c in ("gemm", "conv", "optimizer"))
+    low, high = first.log_interval
+    assert low < 0 < high
+
+
+def test_a_class_no_training_family_shows_is_borrowed(corpus: dict) -> None:
+    points = [p for p in fit.points_of(corpus) if p["family"] not in ("rnn", "audio")]
+    model = fit.fit(points, fit.corpus_device(corpus), interval=(0.0, 0.0))
+    assert model.sources["rnn"].startswith("borrowed")
+    assert model.coefficients["rnn"][0] == model.coefficients["gemm"][0]
+
+
+def test_fit_and_evaluate_end_to_end_on_a_subset(corpus: dict) -> None:
+    small = _subset(corpus, ("mlp", "encoder", "vit"))
+    result = evaluate.evaluate(small)
+    assert result["label"] == "CPU-proxy"
+    assert set(result["per_family"]) == {"mlp", "encoder", "vit"}
+    pooled = result["pooled"]
+    assert pooled["model"]["n"] == len(small["points"])
+    for method in ("model", "prior", "roofline", "ernest"):
+        summary = pooled[method]
+        assert math.isfinite(summary["mean_ape"]) and summary["p90_ape"] >= 0
+        assert -1 <= summary["spearman"] <= 1
+    assert pooled["online"]["n"] == len(small["points"])
+    table = evaluate.markdown(result)
+    assert "CPU-proxy" in table and "| mlp |" in table and "Goals" in table
+
+
+def test_ernest_predicts_a_batch_size_from_the_others() -> None:
+    points = [{"model": "m", "batch": b, "step_s": 0.002 + 0.001 * b} for b in (1, 4, 16)]
+    assert evaluate.ernest_predictions(points) == pytest.approx([0.003, 0.006, 0.018])
+
+
+def test_cpu_prediction_has_an_interval_and_the_gpu_prior_says_what_it_is() -> None:
+    features, _ = predict.features_for(zoo_name="vit-i32-p4-d128-l2-h4", batch=16)
+    cpu = predict.predict(features, gpus=1, device="cpu:1")
+    assert cpu.low < cpu.samples_per_s < cpu.high
+    assert cpu.calibrated and "CPU-proxy" in cpu.basis
+    h100 = predict.predict(features, gpus=1, device="NVIDIA H100 80GB HBM3")
+    assert not h100.calibrated and "prior only" in h100.basis
+    assert h100.samples_per_s > 10 * cpu.samples_per_s
+    assert h100.low < h100.samples_per_s < h100.high
+    l4 = predict.predict(features, gpus=1, device="L4")
+    assert l4.samples_per_s < h100.samples_per_s  # less bandwidth, fewer FLOP/s
+    two = predict.predict(dict(features, gpus=2.0), gpus=2, device="L4")
+    assert two.allreduce_seconds > 0
+    assert l4.samples_per_s < two.samples_per_s < 2 * l4.samples_per_s
+
+
+def test_unknown_devices_and_empty_features_are_refused() -> None:
+    features, _ = predict.features_for(zoo_name="mlp-w256-d2", batch=16)
+    with pytest.raises(UnknownDevice, match="known"):
+        predict.predict(features, device="TPU v5")
+    with pytest.raises(predict.InsufficientFeatures):
+        predict.predict({}, device="cpu")
+
+
+def test_online_correction_reaches_the_measured_step_time(corpus: dict) -> None:
+    """Replay real profiled steps against a prior that is 40% off: after 20 steps the estimate
+    is closer to the later steps' median than the prior was, and close to what was measured."""
+    for point in corpus["points"][::25]:
+        samples = point["step_samples_s"]
+        truth = statistics.median(samples[20:])
+        correction = online.OnlineCorrection(point["step_s"] * 1.4, prior_log_sigma=0.3)
+        assert correction.step_seconds() == pytest.approx(point["step_s"] * 1.4)
+        for sample in samples[:20]:
+            correction.observe(sample)
+        error = abs(correction.step_seconds() - truth) / truth
+        measured_alone = abs(statistics.median(samples[:20]) - truth) / truth
+        assert error < abs(point["step_s"] * 1.4 - truth) / truth
+        assert error <= measured_alone + 0.05
+        low, high = correction.step_interval()
+        assert low < correction.step_seconds() < high
+
+
+def test_online_correction_shrugs_off_a_stall() -> None:
+    correction = online.OnlineCorrection(0.010, prior_log_sigma=0.3)
+    for sample in [0.020] * 15 + [2.0]:  # one step stalled 100x
+        correction.observe(sample)
+    assert correction.step_seconds() == pytest.approx(0.020, rel=0.05)
+    sps, low, high = correction.throughput(64)
+    assert low < sps < high and sps == pytest.approx(64 / correction.step_seconds())

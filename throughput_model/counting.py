@@ -1,0 +1,382 @@
+"""Per-operator accounting of one training step: FLOPs, bytes moved and op counts by class.
+
+Why a dispatch mode of our own: ``torch.utils.flop_counter.FlopCounterMode`` counts
+only matmul/conv/attention FLOPs, so element-wise and normalisation work (which
+dominates small and memory-bound models) would count as zero. :class:`StepAccountant`
+sees every aten op below autograd, gives it a class (:data:`OP_CLASSES`), takes
+its FLOPs from PyTorch's own ``flop_registry`` and its bytes from the tensors it
+reads and writes (view ops move nothing and are skipped).
+
+The same mode, given a clock, times each op on real tensors: the profiler that
+builds the corpus and the feature extractor that runs on meta tensors therefore
+classify ops by one and the same rule.
+
+Fused regions: on a real device PyTorch runs ``scaled_dot_product_attention`` and
+RNNs as fused kernels, while on the meta device they decompose into dozens of
+matmuls and element-wise ops. :class:`FusedRegions` (a torch-function mode) marks
+everything inside such a call, and the autograd nodes it created, with the
+region's class, so its time and its counts land in one class ("attention", "rnn")
+whichever way the device ran it; the class's own coefficients absorb the difference.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+try:  # PyTorch's own FLOP formulas (matmul, conv, attention); absent: FLOPs cannot be counted.
+    from torch.utils.flop_counter import flop_registry as _FLOP_REGISTRY
+except ImportError:  # pragma: no cover - every supported torch has it
+    _FLOP_REGISTRY = {}
+
+OP_CLASSES: tuple[str, ...] = (
+    "gemm", "conv", "conv_grouped", "attention", "rnn", "norm", "pool",
+    "embedding", "reduction", "movement", "elementwise", "optimizer",
+)
+"""Operator classes. Each gets its own FLOPs, bytes and op-count features and its own
+learned coefficients; ``attention`` and ``rnn`` are fused regions, ``optimizer`` is
+every op of ``optimizer.step()``."""
+
+COMPUTE_CLASSES = ("gemm", "conv", "conv_grouped", "attention", "rnn")
+"""Classes whose time is mostly FLOPs; an op of these without a FLOP formula is reported."""
+
+PHASES = ("forward", "backward", "optimizer")
+
+_GEMM = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "_addmm_activation", "mv", "addmv", "dot", "vdot",
+         "matmul", "linear", "_scaled_mm", "addr", "outer", "einsum"}
+_MOVEMENT = {"cat", "stack", "copy_", "clone", "_to_copy", "index", "index_put", "index_put_", "_index_put_impl_",
+             "gather", "scatter", "scatter_add", "scatter_", "scatter_add_", "constant_pad_nd", "repeat",
+             "flip", "roll", "slice_backward", "select_backward", "as_strided_scatter", "slice_scatter",
+             "select_scatter", "new_empty_strided", "masked_select", "take", "reflection_pad1d",
+             "reflection_pad2d", "replication_pad1d", "replication_pad2d", "_unsafe_index", "index_copy",
+             "unfold_backward", "col2im", "im2col", "contiguous"}
+_REDUCTION = {"sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "var", "std", "var_mean",
+              "std_mean", "prod", "logsumexp", "cumsum", "linalg_vector_norm", "norm", "_softmax",
+              "_log_softmax", "_safe_softmax", "_softmax_backward_data", "_log_softmax_backward_data",
+              "nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward", "nll_loss2d_backward",
+              "mse_loss", "mse_loss_backward", "binary_cross_entropy", "binary_cross_entropy_backward",
+              "binary_cross_entropy_with_logits", "all", "any", "topk", "sort"}
+_PROJECTIONS = {"mm", "addmm", "linear", "_addmm_activation"}
+"""Inside an attention region, these 2-D matmuls are projections and stay in ``gemm``."""
+_EMPTY = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "_local_scalar_dense",
+          "lift_fresh", "scalar_tensor", "detach", "alias"}
+"""Ops that allocate or alias without touching memory: counted as ops with zero bytes."""
+_VIEW_LIKE = {"_unsafe_view", "_reshape_alias", "lift_fresh", "alias", "detach"}
+"""Ops without a view annotation in their schema that nevertheless move no data."""
+
+
+def op_name(func: Any) -> str:
+    """The aten op's base name: ``aten.addmm.default`` -> ``addmm``."""
+    packet = getattr(func, "overloadpacket", None)
+    return getattr(packet, "__name__", str(func))
+
+
+def is_view(func: Any) -> bool:
+    """True for ops that only alias their input (view, transpose, expand, split...): no data moves."""
+    if op_name(func) in _VIEW_LIKE:
+        return True
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return False
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns)
+
+
+def _conv_groups(name: str, args: tuple) -> int:
+    """The ``groups`` argument of aten.convolution / convolution_backward (positional)."""
+    index = {"convolution": 8, "_convolution": 8, "convolution_backward": 9}.get(name)
+    if index is not None and len(args) > index and isinstance(args[index], int):
+        return args[index]
+    return 1
+
+
+def classify(func: Any, args: tuple) -> str:
+    """The operator class of one aten op, outside fused regions and the optimizer."""
+    name = op_name(func)
+    base = name.rstrip("_")
+    if name in _GEMM:
+        return "gemm"
+    if "convolution" in name or name.startswith(("conv", "_slow_conv", "mkldnn_conv", "thnn_conv")):
+        return "conv_grouped" if _conv_groups(name, args) > 1 else "conv"
+    if "norm" in name and name not in ("linalg_vector_norm", "norm"):
+        return "norm"
+    if "pool" in name:
+        return "pool"
+    if "embedding" in name:
+        return "embedding"
+    if name in _REDUCTION or base in _REDUCTION:
+        return "reduction"
+    if name in _MOVEMENT or base in _MOVEMENT:
+        return "movement"
+    return "elementwise"
+
+
+def tensor_bytes(value: Any) -> int:
+    """Bytes a tensor spans: its elements, but never more than its storage (expanded tensors)."""
+    if not isinstance(value, torch.Tensor):
+        return 0
+    dense = value.numel() * value.element_size()
+    try:
+        return min(dense, value.untyped_storage().nbytes())
+    except (RuntimeError, NotImplementedError):  # sparse, nested or storage-less tensors
+        return dense
+
+
+@dataclass
+class ClassTally:
+    """Totals of one operator class."""
+
+    flops: float = 0.0
+    bytes: float = 0.0
+    ops: float = 0
+    """Ops as they decompose on the device counted (a probed RNN region scales them up)."""
+    seconds: float = 0.0
+    """Wall time inside the ops (only when the accountant was given a clock)."""
+
+
+@dataclass
+class StepTally:
+    """Everything counted over one training step."""
+
+    classes: dict[str, ClassTally] = field(default_factory=lambda: {c: ClassTally() for c in OP_CLASSES})
+    phase_flops: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    phase_bytes: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    forward_output_bytes: float = 0.0
+    """Bytes written by forward ops: an upper bound of the activations kept for backward."""
+    ops_without_formula: int = 0
+    """Ops of a compute class whose FLOPs PyTorch has no formula for (counted as zero)."""
+    unformulated: set[str] = field(default_factory=set)
+
+    @property
+    def ops(self) -> float:
+        return sum(t.ops for t in self.classes.values())
+
+
+_REGION_KEY = "adloader_region"
+_region_ids = itertools.count(1)
+
+
+class FusedRegions(TorchFunctionMode):
+    """Marks the ops of fused calls (attention, RNNs) and the autograd nodes they create.
+
+    Inside a call, :attr:`current` is ``(class, region_id, scale)``; afterwards each autograd
+    node the call created carries the same triple in its ``metadata``, so its backward ops are
+    attributed to the region too. ``scale`` multiplies everything counted inside.
+
+    RNNs on the meta device decompose into ~20 Python-implemented ops per time step, which
+    takes seconds for long sequences. There the call runs on two short probes of the sequence
+    (``probe_steps // 2`` and ``probe_steps`` steps) whose counts are extrapolated linearly to
+    the full length (every step costs the same; the first differs, and the two-point
+    extrapolation keeps that exact), and the output is stretched back to full length by
+    uncounted ops. On real tensors the call always runs in full."""
+
+    FUSED: dict[Callable[..., Any], str] = {
+        F.scaled_dot_product_attention: "attention",
+        F.multi_head_attention_forward: "attention",
+        torch.lstm: "rnn", torch.gru: "rnn", torch.rnn_tanh: "rnn", torch.rnn_relu: "rnn",
+    }
+
+    def __init__(self, probe_steps: int = 4) -> None:
+        super().__init__()
+        self.current: tuple[str, int, float] | None = None
+        self.probe_steps = max(2, probe_steps)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        kwargs = kwargs or {}
+        kind = self.FUSED.get(func)
+        if kind is None or self.current is not None:
+            return func(*args, **kwargs)
+        inputs = tree_flatten((args, kwargs))[0]
+        steps = _rnn_probe(kind, args, kwargs, self.probe_steps)
+        if steps is None:
+            return self._region(kind, 1.0, lambda: func(*args, **kwargs), inputs)
+        time_dim, total = steps
+        short, long = self.probe_steps // 2, self.probe_steps
+        extra = (total - long) / (long - short)  # count(T) = count(long) + extra * (count(long) - count(short))
+        first = self._region(kind, -extra, lambda: func(args[0].narrow(time_dim, 0, short), *args[1:]), inputs)
+        second = self._region(kind, 1.0 + extra, lambda: func(args[0].narrow(time_dim, 0, long), *args[1:]), inputs)
+        return self._region(kind, 0.0, lambda: _stretch(second, first, time_dim, total), inputs)
+
+    def _region(self, kind: str, scale: float, call: Callable[[], Any], inputs: list[Any]) -> Any:
+        region = (kind, next(_region_ids), scale)
+        self.current = region
+        try:
+            out = call()
+        finally:
+            self.current = None
+        _tag_nodes(out, inputs, region)
+        return out
+
+
+def _rnn_probe(kind: str, args: tuple, kwargs: dict, probe_steps: int) -> tuple[int, int] | None:
+    """(time dimension, steps) when an RNN call on meta tensors may be counted on probes of its
+    sequence; None to run it in full (real tensors, packed sequences, short sequences)."""
+    if kind != "rnn" or kwargs or len(args) != 9 or not isinstance(args[0], torch.Tensor):
+        return None
+    packed = isinstance(args[1], torch.Tensor) and not args[1].is_floating_point()
+    if packed or args[0].device.type != "meta" or args[0].dim() != 3:
+        return None
+    time_dim = 1 if args[8] else 0
+    total = int(args[0].shape[time_dim])
+    return (time_dim, total) if total > probe_steps else None
+
+
+def _stretch(outputs: tuple, other_probe: tuple, time_dim: int, total: int) -> tuple:
+    """The probe's output sequence stretched to the full length (shape-correct, differentiable),
+    with the other probe's output joined in at zero weight so that its backward runs too."""
+    sequence = outputs[0]
+    shape = list(sequence.shape)
+    shape[time_dim] = total
+    joined = sequence.mean(time_dim, keepdim=True) + 0.0 * other_probe[0].mean(time_dim, keepdim=True)
+    return (joined.expand(shape), *outputs[1:])
+
+
+def _tag_nodes(outputs: Any, inputs: Iterable[Any], region: tuple[str, int, float]) -> None:
+    """Tag every autograd node between the region's outputs and its inputs (or nodes already
+    tagged by an inner region)."""
+    stop = {id(t.grad_fn) for t in inputs if isinstance(t, torch.Tensor) and t.grad_fn is not None}
+    stack = [t.grad_fn for t in tree_flatten(outputs)[0] if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+    seen: set[int] = set()
+    while stack:
+        node = stack.pop()
+        if node is None or id(node) in seen or id(node) in stop or "AccumulateGrad" in node.name():
+            continue
+        seen.add(id(node))
+        if _REGION_KEY in node.metadata:
+            continue
+        node.metadata[_REGION_KEY] = region
+        stack.extend(next_node for next_node, _ in node.next_functions)
+
+
+class StepAccountant(TorchDispatchMode):
+    """Counts (and, with ``clock``, times) every aten op of a training step by class.
+
+    Use inside :class:`FusedRegions` and set :attr:`phase` before each phase::
+
+        with FusedRegions() as regions, StepAccountant(regions) as acct:
+            acct.phase = "forward"; loss = ...
+            acct.phase = "backward"; loss.backward()
+            acct.phase = "optimizer"; opt.step()
+    """
+
+    def __init__(self, regions: FusedRegions | None = None, clock: Callable[[], float] | None = None) -> None:
+        super().__init__()
+        self.regions = regions
+        self.clock = clock
+        self.phase = "forward"
+        self.tally = StepTally()
+
+    def _region(self) -> tuple[str, int, float] | None:
+        if self.regions is not None and self.regions.current is not None:
+            return self.regions.current
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            return node.metadata.get(_REGION_KEY)
+        return None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        kwargs = kwargs or {}
+        if self.clock is None:
+            out = func(*args, **kwargs)
+            elapsed = 0.0
+        else:
+            start = self.clock()
+            out = func(*args, **kwargs)
+            elapsed = self.clock() - start
+        if is_view(func) or getattr(func, "namespace", "aten") == "profiler":
+            return out
+        self._account(func, args, kwargs, out, elapsed)
+        return out
+
+    def _account(self, func: Any, args: tuple, kwargs: dict, out: Any, elapsed: float) -> None:
+        name = op_name(func)
+        region = None if self.phase == "optimizer" else self._region()
+        if region is not None and region[0] == "attention" and name in _PROJECTIONS:
+            region = None  # nn.MultiheadAttention's in/out projections are plain matmuls
+        if self.phase == "optimizer":
+            cls = "optimizer"
+        elif region is not None:
+            cls = region[0]
+        else:
+            cls = classify(func, args)
+        scale = 1.0 if region is None else region[2]
+        tally = self.tally.classes[cls]
+        tally.ops += scale
+        tally.seconds += elapsed
+        flops = 0.0
+        formula = _FLOP_REGISTRY.get(getattr(func, "overloadpacket", None))
+        if formula is not None:
+            flops = scale * float(formula(*args, **kwargs, out_val=out))
+        elif cls in COMPUTE_CLASSES and name in _GEMM | {"convolution", "convolution_backward"}:
+            self.tally.ops_without_formula += 1
+            self.tally.unformulated.add(name)
+        written = 0 if name in _EMPTY else sum(tensor_bytes(t) for t in tree_flatten(out)[0])
+        read = 0 if name in _EMPTY else sum(tensor_bytes(t) for t in tree_flatten((args, kwargs))[0])
+        moved = scale * (read + written)
+        tally.flops += flops
+        tally.bytes += moved
+        self.tally.phase_flops[self.phase] += flops
+        self.tally.phase_bytes[self.phase] += moved
+        if self.phase == "forward":
+            self.tally.forward_output_bytes += scale * written
+
+
+def cpu_clock() -> float:
+    """The clock the profiler times ops with: this thread's CPU time. Profiling runs torch at one
+    thread, so every op runs on the calling thread, and time another process takes the core
+    (a shared machine) is not counted."""
+    return time.thread_time()
+
+
+def per_class(tally: StepTally, attribute: str) -> dict[str, float]:
+    """One attribute (flops, bytes, ops, seconds) of every class, as a dict."""
+    return {c: float(getattr(t, attribute)) for c, t in tally.classes.items()}
+
+
+
+@dataclass
+class AccountedStep:
+    """The tally of one step and, if a phase failed, which one and why."""
+
+    tally: StepTally
+    failed_phase: str | None = None
+    error: str | None = None
+
+
+def account_step(
+    forward: Callable[[], torch.Tensor],
+    optimizer_step: Callable[[], Any] | None,
+    clock: Callable[[], float] | None = None,
+    probe_steps: int = 4,
+) -> AccountedStep:
+    """Run one training step (``forward()`` returns the loss; then backward; then
+    ``optimizer_step()``) under the accountant. A phase that raises stops the step; what was
+    counted so far is kept and the failure is returned, never raised. ``probe_steps``: see
+    :class:`FusedRegions`."""
+    regions = FusedRegions(probe_steps)
+    accountant = StepAccountant(regions, clock)
+    with regions, accountant:
+        try:
+            accountant.phase = "forward"
+            loss = forward()
+            accountant.phase = "backward"
+            loss.backward()
+            if optimizer_step is not None:
+                accountant.phase = "optimizer"
+                optimizer_step()
+        except Exception as exc:  # any model code may fail on meta tensors; the caller says so
+            return AccountedStep(accountant.tally, accountant.phase, f"{type(exc).__name__}: {exc}"[:300])
+    return AccountedStep(accountant.tally)
+
+
+__all__ = [
+    "OP_CLASSES", "COMPUTE_CLASSES", "PHASES", "ClassTally", "StepTally", "FusedRegions", "StepAccountant",
+    "classify", "is_view", "op_name", "tensor_bytes", "cpu_clock", "per_class",
+    "AccountedStep", "account_step",
+]

@@ -1,0 +1,201 @@
+"""Judge the model on architectures it never saw: leave one family out.
+
+For each family, the model is fitted on the other families and predicts every point
+of the held-out one. Next to it, on the same points:
+
+- roofline: the analytic roofline from FLOPs and bytes alone (no fitted term);
+- prior: the untuned physical prior (roofline + per-op cost), what GPUs get;
+- ernest: an Ernest-style fit (NNLS, step = t0 + t1 * batch) on the same architecture's
+  other measured batch sizes: it has seen the job run, ours has not seen the family.
+
+Reported per family and pooled: mean and p90 absolute percentage error of the step
+time, the signed bias (mean of (predicted - measured)/measured), Spearman rank
+correlation across jobs, the coverage of the prediction interval (computed only from
+the training families), and the online correction after 20 measured steps (replayed
+on the profiled step samples; truth = the median of the later samples).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from typing import Mapping
+
+import numpy as np
+from scipy.optimize import nnls
+from scipy.stats import spearmanr
+
+from throughput_model.fit import corpus_device, fit, points_of, prior_seconds, roofline_seconds
+from throughput_model.online import OnlineCorrection
+
+METHODS = ("model", "prior", "roofline", "ernest")
+ONLINE_STEPS = 20
+GOALS = {"mean_ape": 0.10, "p90_ape": 0.20, "spearman": 0.95, "roofline_ratio": 2.0, "online_mean_ape": 0.05}
+
+
+def ernest_predictions(points: list[dict]) -> list[float | None]:
+    """Per point, NNLS of step = t0 + t1 * batch on the other batch sizes of its architecture."""
+    by_model: dict[str, list[int]] = defaultdict(list)
+    for index, p in enumerate(points):
+        by_model[p["model"]].append(index)
+    predictions: list[float | None] = [None] * len(points)
+    for indices in by_model.values():
+        for i in indices:
+            others = [j for j in indices if j != i]
+            if len(others) < 2:
+                continue
+            A = np.array([[1.0, points[j]["batch"]] for j in others])
+            b = np.array([points[j]["step_s"] for j in others])
+            theta, _ = nnls(A, b)
+            predictions[i] = float(theta[0] + theta[1] * points[i]["batch"])
+    return predictions
+
+
+def metrics(predicted: list[float], measured: list[float]) -> dict[str, float]:
+    pred, true = np.array(predicted), np.array(measured)
+    relative = (pred - true) / true
+    ape = np.abs(relative)
+    rho = spearmanr(pred, true).statistic if len(true) > 2 else float("nan")
+    return {
+        "n": int(len(true)),
+        "mean_ape": float(ape.mean()),
+        "p90_ape": float(np.quantile(ape, 0.9)),
+        "bias": float(relative.mean()),
+        "spearman": float(rho),
+    }
+
+
+def online_errors(predicted_step_s: float, log_sigma: float, samples: list[float], steps: int = ONLINE_STEPS) -> tuple[float, float] | None:
+    """(error of the corrected estimate, error of the raw measured median) after ``steps`` steps,
+    against the median of the later samples; None when a point has too few samples."""
+    if len(samples) < steps + 5:
+        return None
+    correction = OnlineCorrection(predicted_step_s, log_sigma)
+    for sample in samples[:steps]:
+        correction.observe(sample)
+    truth = statistics.median(samples[steps:])
+    measured_only = statistics.median(samples[:steps])
+    return abs(correction.step_seconds() - truth) / truth, abs(measured_only - truth) / truth
+
+
+def evaluate(corpus: Mapping) -> dict:
+    """Leave-one-family-out evaluation of the model and the baselines on ``corpus``."""
+    device = corpus_device(corpus)
+    points = points_of(corpus)
+    families = list(dict.fromkeys(p["family"] for p in points))
+    ernest = ernest_predictions(points)
+    rows: dict[str, dict[str, list[float]]] = {f: defaultdict(list) for f in families}
+    covered: dict[str, list[bool]] = defaultdict(list)
+    online: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for family in families:
+        train = [p for p in points if p["family"] != family]
+        model = fit(train, device)  # its interval comes from leaving out families of ``train`` only
+        low, high = model.log_interval
+        sigma = max((high - low) / (2 * 1.645), 0.05)
+        for index, p in enumerate(points):
+            if p["family"] != family:
+                continue
+            predicted = model.step_seconds(p["features"])
+            row = rows[family]
+            row["measured"].append(p["step_s"])
+            row["model"].append(predicted)
+            row["prior"].append(prior_seconds(p["features"], device))
+            row["roofline"].append(roofline_seconds(p["features"], device))
+            row["ernest"].append(ernest[index] if ernest[index] is not None else float("nan"))
+            covered[family].append(predicted * math.exp(low) <= p["step_s"] <= predicted * math.exp(high))
+            errors = online_errors(predicted, sigma, p.get("step_samples_s", []))
+            if errors is not None:
+                online[family].append(errors)
+    per_family = {f: _summarise(rows[f], covered[f], online[f]) for f in families}
+    pooled_rows: dict[str, list[float]] = defaultdict(list)
+    for f in families:
+        for key, values in rows[f].items():
+            pooled_rows[key] += values
+    pooled = _summarise(pooled_rows, [c for f in families for c in covered[f]], [e for f in families for e in online[f]])
+    return {
+        "label": "CPU-proxy",
+        "device": corpus["device"].get("source", ""),
+        "device_numbers": corpus.get("device_numbers"),
+        "corpus_created": corpus.get("created"),
+        "corpus_loadavg": [corpus.get("loadavg_before"), corpus.get("loadavg_after")],
+        "points": len(points),
+        "families": families,
+        "per_family": per_family,
+        "pooled": pooled,
+        "goals": GOALS,
+        "goals_met": _goals_met(pooled),
+    }
+
+
+def _summarise(row: Mapping[str, list[float]], covered: list[bool], online: list[tuple[float, float]]) -> dict:
+    measured = row["measured"]
+    result = {m: metrics(row[m], measured) for m in ("model", "prior", "roofline")}
+    pairs = [(e, t) for e, t in zip(row["ernest"], measured) if not math.isnan(e)]
+    result["ernest"] = metrics([e for e, _ in pairs], [t for _, t in pairs]) if len(pairs) > 2 else None
+    result["roofline_ratio"] = result["roofline"]["mean_ape"] / max(result["model"]["mean_ape"], 1e-12)
+    result["interval_coverage"] = float(np.mean(covered)) if covered else float("nan")
+    if online:
+        corrected = np.array([o[0] for o in online])
+        raw = np.array([o[1] for o in online])
+        result["online"] = {"n": len(online), "steps": ONLINE_STEPS, "mean_ape": float(corrected.mean()),
+                            "p90_ape": float(np.quantile(corrected, 0.9)), "measured_only_mean_ape": float(raw.mean())}
+    return result
+
+
+def _goals_met(pooled: Mapping) -> dict[str, bool]:
+    model = pooled["model"]
+    return {
+        "mean_ape": model["mean_ape"] <= GOALS["mean_ape"],
+        "p90_ape": model["p90_ape"] <= GOALS["p90_ape"],
+        "spearman": model["spearman"] >= GOALS["spearman"],
+        "roofline_ratio": pooled["roofline_ratio"] >= GOALS["roofline_ratio"],
+        "online_mean_ape": "online" in pooled and pooled["online"]["mean_ape"] <= GOALS["online_mean_ape"],
+    }
+
+
+def markdown(result: Mapping) -> str:
+    """The held-out table, as Markdown (printed by ``adloader model evaluate``)."""
+    lines = [
+        f"Leave-one-family-out evaluation, {result['label']} ({result['device']}); "
+        f"{result['points']} points, step time (forward + backward + optimizer).",
+        "",
+        "| held-out family | n | model mean/p90 APE | bias | Spearman | prior mean APE | roofline mean APE "
+        "| roofline/model | Ernest mean APE | interval cover | online@20 mean APE |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, summary in [*result["per_family"].items(), ("**all (pooled)**", result["pooled"])]:
+        model = summary["model"]
+        ernest = summary["ernest"]
+        online = summary.get("online")
+        lines.append(
+            f"| {name} | {model['n']} | {model['mean_ape']:.1%} / {model['p90_ape']:.1%} | {model['bias']:+.1%} "
+            f"| {model['spearman']:.3f} | {summary['prior']['mean_ape']:.1%} | {summary['roofline']['mean_ape']:.1%} "
+            f"| {summary['roofline_ratio']:.1f}x | {ernest['mean_ape']:.1%} | {summary['interval_coverage']:.0%} "
+            f"| {online['mean_ape']:.1%} |" if ernest and online else
+            f"| {name} | {model['n']} | {model['mean_ape']:.1%} / {model['p90_ape']:.1%} | {model['bias']:+.1%} "
+            f"| {model['spearman']:.3f} | {summary['prior']['mean_ape']:.1%} | {summary['roofline']['mean_ape']:.1%} "
+            f"| {summary['roofline_ratio']:.1f}x | - | {summary['interval_coverage']:.0%} | - |"
+        )
+    pooled = result["pooled"]
+    lines += ["", "Pooled over all held-out predictions:", "",
+              "| method | mean APE | p90 APE | bias | Spearman |", "| --- | ---: | ---: | ---: | ---: |"]
+    for method in METHODS:
+        summary = pooled[method]
+        if summary is None:
+            continue
+        label = {"model": "model (held-out family)", "prior": "physical prior, untuned",
+                 "roofline": "analytic roofline", "ernest": "Ernest-style, same architecture's other batches"}[method]
+        lines.append(f"| {label} | {summary['mean_ape']:.1%} | {summary['p90_ape']:.1%} | {summary['bias']:+.1%} "
+                     f"| {summary['spearman']:.3f} |")
+    goals = result["goals_met"]
+    online = pooled.get("online")
+    lines += ["", "Goals (CPU-proxy): " + ", ".join([
+        f"mean APE <= 10%: {'met' if goals['mean_ape'] else 'MISSED'}",
+        f"p90 APE <= 20%: {'met' if goals['p90_ape'] else 'MISSED'}",
+        f"Spearman >= 0.95: {'met' if goals['spearman'] else 'MISSED'}",
+        f">= 2x lower error than the roofline: {'met' if goals['roofline_ratio'] else 'MISSED'} "
+        f"({pooled['roofline_ratio']:.1f}x)",
+        f"online after {ONLINE_STEPS} steps <= 5%: {'met' if goals['online_mean_ape'] else 'MISSED'}"
+        + (f" ({online['mean_ape']:.1%}; measured median alone {online['measured_only_mean_ape']:.1%})" if online else ""),
+    ])]
+    return "\n".join(lines)

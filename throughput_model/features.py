@@ -1,0 +1,220 @@
+"""A model's features, from its structure alone: nothing runs on a GPU or touches real data.
+
+:func:`describe` replays one training step (forward, backward, optimizer step) on the
+meta device through ``torch.func.functional_call`` with meta copies of the parameters,
+so the caller's model is neither copied nor changed, and counts every operator with
+:mod:`throughput_model.counting`. The result is a flat ``dict[str, float]`` (it travels
+in ``protocol.Register.features``) of at most :data:`MAX_KEYS` keys.
+
+What cannot be counted is said, never guessed silently: a phase that fails on meta
+tensors (data-dependent control flow, ``.item()``, hard-coded devices) is estimated
+from what was counted (backward = 2x forward; optimizer from the parameter bytes),
+``count_complete`` drops to 0 and the reason is in :attr:`Description.notes`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten, tree_map
+
+from throughput_model.counting import OP_CLASSES, StepTally, account_step, tensor_bytes
+
+Optimizer = str | Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer]
+
+OPTIMIZERS: dict[str, Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer] | None] = {
+    "sgd": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
+    "adam": lambda params: torch.optim.Adam(params, lr=1e-3),
+    "adamw": lambda params: torch.optim.AdamW(params, lr=1e-3),
+    "none": None,
+}
+
+# Optimizer traffic per parameter byte and ops per parameter tensor, used only when the
+# optimizer step cannot be replayed (single-tensor implementations, as on CPU).
+_OPTIMIZER_FALLBACK = {"sgd": (5.0, 3.0), "adam": (10.0, 10.0), "adamw": (10.0, 11.0), "none": (0.0, 0.0)}
+
+GLOBAL_KEYS: tuple[str, ...] = (
+    "batch_size", "gpus", "params", "param_bytes", "grad_bytes", "param_tensors", "dtype_bytes",
+    "activation_bytes", "input_bytes", "flops_forward", "flops_backward", "flops_total", "bytes_total",
+    "ops_total", "module_calls", "allreduce_bytes", "count_complete", "ops_without_formula",
+)
+CLASS_KEYS: tuple[str, ...] = tuple(f"{c}_{q}" for c in OP_CLASSES for q in ("flops", "bytes", "ops"))
+FEATURE_KEYS: tuple[str, ...] = GLOBAL_KEYS + CLASS_KEYS
+MAX_KEYS = 60
+assert len(FEATURE_KEYS) <= MAX_KEYS
+
+
+@dataclass(frozen=True)
+class Description:
+    """Features plus what could not be counted and how long counting took."""
+
+    features: dict[str, float]
+    notes: tuple[str, ...] = ()
+    seconds: float = 0.0
+    unformulated_ops: tuple[str, ...] = field(default_factory=tuple)
+
+
+def allreduce_bytes(grad_bytes: float, gpus: int) -> float:
+    """Bytes each GPU sends in a ring all-reduce of the gradients: 2(g-1)/g x gradient bytes."""
+    return 2.0 * (gpus - 1) / gpus * grad_bytes if gpus > 1 else 0.0
+
+
+def describe(
+    model: nn.Module,
+    example_batch: Any,
+    *,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    optimizer: Optimizer = "adamw",
+    gpus: int = 1,
+    batch_size: int | None = None,
+) -> Description:
+    """Count one training step of ``model`` on ``example_batch`` without running it.
+
+    ``example_batch`` is what the model is called with: a tensor (``model(x)``), a tuple or
+    list (``model(*batch)``) or a dict (``model(**batch)``). ``loss_fn(output)`` makes the
+    scalar loss (default: the sum of the floating outputs, which costs about what a real loss
+    costs except for very large classifier heads). ``optimizer`` is "sgd", "adam", "adamw",
+    "none" or a factory ``params -> Optimizer``. Call it before training starts, not while
+    another thread trains the same model: the parameters are swapped for meta tensors during
+    the call.
+    """
+    started = time.perf_counter()
+    notes: list[str] = []
+    params = {n: _meta(p, p.requires_grad) for n, p in model.named_parameters(remove_duplicate=False)}
+    buffers = {n: _meta(b, False) for n, b in model.named_buffers(remove_duplicate=False)}
+    trainable = [p for p in {id(p): p for p in params.values()}.values() if p.requires_grad]
+    batch = tree_map(lambda t: _meta(t, False) if isinstance(t, torch.Tensor) else t, example_batch)
+    size = batch_size if batch_size is not None else _batch_size(example_batch)
+    loss_of = loss_fn or _sum_of_outputs
+    optimizer_name, make_optimizer = _optimizer(optimizer)
+    step = None
+    if make_optimizer is not None and trainable:
+        opt = make_optimizer(trainable)
+        step = opt.step
+
+    def forward() -> torch.Tensor:
+        args, kwargs = _call_arguments(batch)
+        return loss_of(torch.func.functional_call(model, (params, buffers), args, kwargs, strict=False))
+
+    calls = [0]
+    hooks = [m.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1)) for m in model.modules()]
+    try:
+        if step is not None:
+            _prime_optimizer_state(trainable, step, notes)
+        result = account_step(forward, step)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    tally = result.tally
+    complete = result.failed_phase is None
+    if not complete:
+        notes.append(f"could not count the {result.failed_phase} phase on the meta device ({result.error}); "
+                     "estimated it from the phases that were counted")
+        _estimate_missing(tally, result.failed_phase, trainable, optimizer_name, notes)
+    if tally.ops_without_formula:
+        notes.append(f"{tally.ops_without_formula} matmul/conv ops had no FLOP formula "
+                     f"({', '.join(sorted(tally.unformulated))}); their FLOPs count as zero")
+        complete = False
+    param_bytes = float(sum(tensor_bytes(p) for p in {id(p): p for p in params.values()}.values()))
+    grad_bytes = float(sum(tensor_bytes(p) for p in trainable))
+    features = {
+        "batch_size": float(size),
+        "gpus": float(gpus),
+        "params": float(sum(p.numel() for p in {id(p): p for p in params.values()}.values())),
+        "param_bytes": param_bytes,
+        "grad_bytes": grad_bytes,
+        "param_tensors": float(len(trainable)),
+        "dtype_bytes": float(trainable[0].element_size()) if trainable else 4.0,
+        "activation_bytes": tally.forward_output_bytes,
+        "input_bytes": float(sum(tensor_bytes(t) for t in tree_flatten(batch)[0])),
+        "flops_forward": tally.phase_flops["forward"],
+        "flops_backward": tally.phase_flops["backward"],
+        "flops_total": sum(tally.phase_flops.values()),
+        "bytes_total": sum(tally.phase_bytes.values()),
+        "ops_total": float(tally.ops),
+        "module_calls": float(calls[0]),
+        "allreduce_bytes": allreduce_bytes(grad_bytes, gpus),
+        "count_complete": 1.0 if complete else 0.0,
+        "ops_without_formula": float(tally.ops_without_formula),
+    }
+    for cls, counts in tally.classes.items():
+        features[f"{cls}_flops"] = counts.flops
+        features[f"{cls}_bytes"] = counts.bytes
+        features[f"{cls}_ops"] = float(counts.ops)
+    return Description(features, tuple(notes), time.perf_counter() - started, tuple(sorted(tally.unformulated)))
+
+
+def _meta(tensor: torch.Tensor, requires_grad: bool) -> torch.Tensor:
+    meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
+    return meta.requires_grad_(requires_grad and (tensor.is_floating_point() or tensor.is_complex()))
+
+
+def _batch_size(batch: Any) -> int:
+    for leaf in tree_flatten(batch)[0]:
+        if isinstance(leaf, torch.Tensor) and leaf.dim() > 0:
+            return int(leaf.shape[0])
+    return 1
+
+
+def _call_arguments(batch: Any) -> tuple[tuple, dict]:
+    if isinstance(batch, dict):
+        return (), batch
+    if isinstance(batch, (tuple, list)):
+        return tuple(batch), {}
+    return (batch,), {}
+
+
+def _sum_of_outputs(output: Any) -> torch.Tensor:
+    floats = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if not floats:
+        raise TypeError("the model returned no floating-point tensor to take a loss of; pass loss_fn")
+    total = floats[0].sum()
+    for tensor in floats[1:]:
+        total = total + tensor.sum()
+    return total
+
+
+def _optimizer(optimizer: Optimizer) -> tuple[str, Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer] | None]:
+    if callable(optimizer):
+        return "custom", optimizer
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}; use one of {sorted(OPTIMIZERS)} or a factory")
+    return optimizer, OPTIMIZERS[optimizer]
+
+
+def _prime_optimizer_state(trainable: list[torch.Tensor], step: Callable[[], Any], notes: list[str]) -> None:
+    """Take one uncounted optimizer step so the counted one is a steady-state step (state buffers exist)."""
+    for p in trainable:
+        p.grad = torch.empty_like(p)
+    try:
+        step()
+    except Exception as exc:  # the counted step will fail the same way and be estimated
+        notes.append(f"optimizer state could not be created on the meta device ({type(exc).__name__})")
+    for p in trainable:
+        p.grad = None
+
+
+def _estimate_missing(tally: StepTally, failed: str | None, trainable: list[torch.Tensor], optimizer: str,
+                      notes: list[str]) -> None:
+    """Fill the phases a failure left uncounted from the ones that were counted."""
+    if failed == "forward":
+        notes.append("nothing could be counted: features hold only parameter sizes; predictions for this "
+                     "model are wide guesses")
+        return
+    if failed == "backward":
+        for counts in tally.classes.values():
+            if counts.ops and counts is not tally.classes["optimizer"]:
+                counts.flops *= 3.0
+                counts.bytes *= 3.0
+                counts.ops *= 2
+        tally.phase_flops["backward"] = 2.0 * tally.phase_flops["forward"]
+        tally.phase_bytes["backward"] = 2.0 * tally.phase_bytes["forward"]
+    if failed in ("backward", "optimizer"):
+        per_byte, per_tensor = _OPTIMIZER_FALLBACK.get(optimizer, _OPTIMIZER_FALLBACK["adamw"])
+        counts = tally.classes["optimizer"]
+        counts.bytes = per_byte * float(sum(tensor_bytes(p) for p in trainable))
+        counts.ops = int(per_tensor * len(trainable))
+        tally.phase_bytes["optimizer"] = counts.bytes

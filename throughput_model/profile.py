@@ -1,0 +1,170 @@
+"""Measure real training steps of the zoo on the local device: the corpus the model learns from.
+
+For each (architecture, batch size) point: the features (:func:`features.describe` on the
+meta device, exactly what a job would send), a few warm-up steps, instrumented steps that
+time every operator by class (the same :class:`counting.StepAccountant` that counts the
+features, given a clock) in the middle of plain timed steps (forward, backward, optimizer separately)
+whose medians are the ground truth. The step-time samples are kept, in order, so the online
+correction can be replayed on them.
+
+Profiling runs at one thread (``torch.set_num_threads(1)``) unless told otherwise, and times
+are the thread's CPU time (``time.thread_time``): at one thread every op runs on the calling
+thread, so this equals the wall time of an idle machine while ignoring the time other
+processes of a shared machine take the core (the wall-clock median is kept too, as
+``step_wall_s``). The device is measured before and after; the spread of those numbers and
+the load average say how much the machine was shared.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+import statistics
+import time
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+
+from throughput_model.counting import OP_CLASSES, account_step, per_class, cpu_clock
+from throughput_model.devices import cpu_device, cpu_model_name, measure_cpu_numbers
+from throughput_model.features import OPTIMIZERS, describe
+from throughput_model.zoo import ZOO, ZooModel, classification_loss
+
+log = logging.getLogger(__name__)
+
+CORPUS_VERSION = 1
+
+
+def profile_point(model_spec: ZooModel, batch: int, steps: int, warmup: int = 3, instrumented: int = 3) -> dict:
+    """Profile one architecture at one batch size on the CPU; returns one corpus record."""
+    torch.manual_seed(0)
+    model = model_spec.make().train()
+    inputs = model_spec.batch(batch)
+    features = describe(model, inputs, loss_fn=classification_loss, optimizer=model_spec.optimizer).features
+    factory = OPTIMIZERS[model_spec.optimizer]
+    assert factory is not None
+    optimizer = factory(model.parameters())
+
+    def timed_step() -> tuple[float, float, float, float]:
+        """(forward, backward, optimizer) CPU seconds of this thread, and the step's wall seconds."""
+        optimizer.zero_grad(set_to_none=True)
+        wall = time.perf_counter()
+        start = time.thread_time()
+        loss = classification_loss(model(inputs))
+        forward_done = time.thread_time()
+        loss.backward()
+        backward_done = time.thread_time()
+        optimizer.step()
+        end = time.thread_time()
+        return forward_done - start, backward_done - forward_done, end - backward_done, time.perf_counter() - wall
+
+    for _ in range(warmup):
+        timed_step()
+    class_runs: list[dict[str, float]] = []
+    samples = [timed_step() for _ in range(steps // 2)]
+    for _ in range(instrumented):
+        optimizer.zero_grad(set_to_none=True)
+        result = account_step(lambda: classification_loss(model(inputs)), optimizer.step, clock=cpu_clock)
+        if result.failed_phase is not None:
+            raise RuntimeError(f"{model_spec.name}: instrumented step failed in {result.failed_phase}: {result.error}")
+        class_runs.append(per_class(result.tally, "seconds"))
+    samples += [timed_step() for _ in range(steps - steps // 2)]
+    totals = [sum(s[:3]) for s in samples]
+    return {
+        "family": model_spec.family,
+        "model": model_spec.name,
+        "batch": batch,
+        "optimizer": model_spec.optimizer,
+        "features": features,
+        "step_s": statistics.median(totals),
+        "forward_s": statistics.median(s[0] for s in samples),
+        "backward_s": statistics.median(s[1] for s in samples),
+        "optimizer_s": statistics.median(s[2] for s in samples),
+        "step_samples_s": [round(t, 7) for t in totals],
+        "step_wall_s": statistics.median(s[3] for s in samples),
+        "class_s": {c: statistics.median(run[c] for run in class_runs) for c in OP_CLASSES},
+    }
+
+
+def select(quick: bool, families: Iterable[str] | None = None, models: Iterable[ZooModel] = ZOO) -> list[tuple[ZooModel, int]]:
+    """The (architecture, batch) points to profile: all, or the quick subset (two batch sizes of
+    the architectures marked quick), optionally restricted to some families."""
+    wanted = set(families) if families else None
+    points = []
+    for spec in models:
+        if wanted is not None and spec.family not in wanted:
+            continue
+        if quick and not spec.quick:
+            continue
+        for batch in ((spec.batches[0], spec.batches[-1]) if quick else spec.batches):
+            points.append((spec, batch))
+    return points
+
+
+def profile(
+    points: list[tuple[ZooModel, int]],
+    steps: int,
+    threads: int = 1,
+    progress: Callable[[int, int, dict], None] | None = None,
+) -> dict:
+    """Profile ``points`` at ``threads`` threads and return the corpus (a JSON-ready dict)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        before = measure_cpu_numbers(threads)
+        started = time.time()
+        load_before = os.getloadavg()
+        records = []
+        for index, (spec, batch) in enumerate(points):
+            record = profile_point(spec, batch, steps)
+            records.append(record)
+            if progress is not None:
+                progress(index + 1, len(points), record)
+            gc.collect()
+        after = measure_cpu_numbers(threads)
+        load_after = os.getloadavg()
+    finally:
+        torch.set_num_threads(previous)
+    numbers = {k: statistics.mean([before[k], after[k]]) for k in before}
+    device = cpu_device(numbers, threads, cpu_model_name())
+    return {
+        "version": CORPUS_VERSION,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "cpu_model": cpu_model_name(),
+        "device": asdict(device),
+        "device_numbers": numbers,
+        "device_numbers_before": before,
+        "device_numbers_after": after,
+        "threads": threads,
+        "steps": steps,
+        "wall_s": round(time.time() - started, 1),
+        "loadavg_before": load_before,
+        "loadavg_after": load_after,
+        "cpus_online": os.cpu_count(),
+        "points": records,
+    }
+
+
+def save(corpus: dict, path: Path) -> None:
+    """Write the corpus atomically (JSON, never a pickle)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(path.suffix + ".tmp")
+    temporary.write_text(json.dumps(corpus, indent=None, separators=(",", ":")) + "\n")
+    temporary.replace(path)
+
+
+def refresh_features(corpus: dict) -> dict:
+    """Recount the features of every point (after a change to the counting), keeping the
+    measurements: features depend only on the architecture, batch size and optimizer."""
+    from throughput_model.zoo import zoo_model
+
+    for record in corpus["points"]:
+        spec = zoo_model(record["model"])
+        record["features"] = describe(spec.make(), spec.batch(record["batch"]), loss_fn=classification_loss,
+                                      optimizer=record["optimizer"]).features
+    return corpus
