@@ -20,6 +20,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import psutil
 
@@ -198,3 +199,67 @@ def _removal(fault: str, node: Node, job_id: str | None, pids: set[int], settle_
     if job_id is None:
         left.insert(0, "the job never registered")
     return JobFaultOutcome(fault, cleanup_s, left)
+
+
+@dataclass
+class AwayOutcome:
+    fault: str
+    steps_while_away: int
+    """Training steps the job made while no controller ran."""
+    reconnect_s: float | None
+    """Restart answered until the job's loader had reported to the new controller."""
+    violations: list[str] = field(default_factory=list)
+
+
+def controller_away(node: Node, how: str, away_steps: int = 20, timeout: float = 60.0) -> AwayOutcome:
+    """A job loading through adloader.DataLoader takes the controller's worker target; the
+    controller then goes away (``how``: "SIGKILL", or "SIGTERM", which lifts the limits)
+    while the job makes ``away_steps`` steps, and comes back. The job must train on at its
+    last worker count (and, after a SIGKILL, its last CPU quota), and its loader must
+    report to the new controller. ``node`` must have started with ``--cpus 0-1`` and
+    ``--policy even`` and have no other job: the job then gets 2 cores and 2 workers."""
+    from bench.reliability_job import Progress, parse_progress
+
+    controller = node.controller
+    found: list[str] = []
+    job = node.start_job(name=f"loader-{how}", loader_workers=1)
+    job_id = node.wait_registered(job, timeout)
+    if job_id is None:
+        return AwayOutcome(f"controller {how}", 0, None, [f"the job did not register: {job.handle.output()}"])
+
+    def progress_where(condition: Callable[[Progress], bool]) -> Progress | None:
+        progress = parse_progress(job.handle.output()[0])
+        return progress if progress is not None and condition(progress) else None
+
+    before = poll(lambda: progress_where(lambda p: p.target_workers == 2), timeout)
+    quota_file = node.root / "cpu" / controller.group / job_id / "cpu.cfs_quota_us"
+    quota = int(quota_file.read_text())
+    if before is None or quota != 200_000:
+        return AwayOutcome(f"controller {how}", 0, None, [f"the job never ran at 2 workers and 2 cores: {quota}"])
+    if how == "SIGKILL":
+        controller.kill()
+    else:
+        controller.proc.send_signal(signal.SIGTERM)
+        if controller.proc.wait(30) != 0:
+            found.append(f"the controller exited {controller.proc.returncode} on SIGTERM")
+    away = poll(lambda: progress_where(lambda p: p.steps >= before.steps + away_steps), timeout)
+    if away is None or not job.alive:
+        found.append("training did not go on while the controller was away")
+    elif away.target_workers != 2:
+        found.append(f"the loader left its last worker count: {away.target_workers}")
+    lifted = how == "SIGTERM"
+    if int(quota_file.read_text()) != (-1 if lifted else quota):
+        found.append(f"quota while away is {quota_file.read_text().strip()}, expected {-1 if lifted else quota}")
+    controller.start()
+    ready = time.monotonic()
+
+    def reported() -> bool:
+        listed = next((j for j in controller.status().jobs if j.job_id == job_id), None)
+        return listed is not None and listed.ranks_reporting == 1 and listed.samples_total >= (away or before).samples
+
+    reconnect_s = time.monotonic() - ready if poll(reported, timeout, interval=0.1) else None
+    if reconnect_s is None:
+        found.append("the loader never reported to the restarted controller")
+    if int(quota_file.read_text()) != quota:
+        found.append(f"the restarted controller did not restore the quota: {quota_file.read_text().strip()}")
+    return AwayOutcome(f"controller {how}", (away.steps - before.steps) if away else 0, reconnect_s, found)

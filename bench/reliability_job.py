@@ -165,7 +165,7 @@ def train(seconds: float, step_s: float, batch_size: int, report_every: float,
         signal.signal(signum, lambda *_: stopping.set())
     emit(progress, lock)  # "training": from here on SIGTERM ends the job cleanly
     deadline = time.monotonic() + seconds
-    last_step = time.monotonic()
+    last_step: float | None = None  # gaps count from the first step: startup (torch, workers) is not a stall
     next_emit = 0.0
     for loader in batches(batch_size, loader_workers):
         if stopping.is_set() or time.monotonic() >= deadline:
@@ -177,7 +177,8 @@ def train(seconds: float, step_s: float, batch_size: int, report_every: float,
             compute[0] += now - started
             progress.steps += 1
             progress.samples += batch_size
-            progress.max_step_gap_s = max(progress.max_step_gap_s, now - last_step)
+            if last_step is not None:
+                progress.max_step_gap_s = max(progress.max_step_gap_s, now - last_step)
             if loader is not None:
                 progress.target_workers = loader.num_workers
         last_step = now

@@ -11,16 +11,16 @@ scenarios longer and counts them.
 from __future__ import annotations
 
 import random
-import signal
 from typing import Callable, Iterator
 
 import pytest
 
-from bench.reliability_faults import FAULT_POINTS, crash_at_fault_point, crash_during_churn, dying_jobs
-from bench.reliability_job import Progress, parse_progress
-from bench.reliability_node import Node, TrackedJob
+from bench.reliability_faults import (
+    FAULT_POINTS, controller_away, crash_at_fault_point, crash_during_churn, dying_jobs,
+)
+from bench.reliability_node import Node
 from bench.reliability_state import run_on_unwritable_state_dir, small_tmpfs, start_on_state, state_variants
-from fixtures.managed import ControllerProcess, wait_until
+from fixtures.managed import ControllerProcess
 
 PERIOD = 0.5
 SETTLE_S = 2 * PERIOD + 3.0
@@ -95,43 +95,15 @@ def test_a_full_or_read_only_state_directory_is_survived_and_said(node_on_tmpfs:
 def test_jobs_train_on_while_the_controller_is_away_and_their_loaders_reconnect(
     start_controller: Callable[..., ControllerProcess], how: str,
 ) -> None:
-    controller = start_controller("--policy", "even", "--cpus", "0-1", period=PERIOD)
-    node = Node(controller, cpus=2)
+    node = Node(start_controller("--policy", "even", "--cpus", "0-1", period=PERIOD), cpus=2)
     try:
-        job = node.start_job(name="loader", loader_workers=1)
-        job_id = node.wait_registered(job)
-        assert job_id, job.handle.output()
-        # Alone on two cores, the even split gives it 2 cores and 2 workers; its loader takes the target.
-        progress = wait_until(lambda: _progress_with(job, lambda p: p.target_workers == 2), 60,
-                              "the loader to take the controller's worker target")
-        quota = _quota(controller, job_id)
-        assert quota == 200_000
-        if how == "SIGKILL":
-            controller.kill()
-        else:
-            assert controller.stop(signal.SIGTERM) == 0
-        away = wait_until(lambda: _progress_with(job, lambda p: p.steps >= progress.steps + 20), 30,
-                          "training to go on without the controller")
-        assert job.alive and away.target_workers == 2  # the last worker count is kept
-        assert _quota(controller, job_id) == (quota if how == "SIGKILL" else -1)  # SIGTERM lifts the limits
-        controller.start()
-        samples = wait_until(lambda: (controller.job(job_id) or None) and controller.job(job_id).samples_total, 30,
-                             "the loader's reporter to reconnect and report")
-        assert samples >= away.samples and controller.job(job_id).ranks_reporting == 1
-        assert _quota(controller, job_id) == quota
+        outcome = controller_away(node, how)
+        assert outcome.violations == [], outcome
+        assert outcome.steps_while_away >= 20 and outcome.reconnect_s is not None
         node.stop_all()
         assert node.training_stopped(MAX_STEP_GAP_S) == []
     finally:
         node.close()
-
-
-def _progress_with(job: TrackedJob, condition: Callable[[Progress], bool]) -> Progress | None:
-    progress = parse_progress(job.handle.output()[0])
-    return progress if progress is not None and condition(progress) else None
-
-
-def _quota(controller: ControllerProcess, job_id: str) -> int:
-    return int(controller.read("cpu", job_id, "cpu.cfs_quota_us"))
 
 
 def test_jobs_that_die_in_every_way_are_removed_or_kept_as_they_should(node: Node) -> None:

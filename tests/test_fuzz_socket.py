@@ -32,7 +32,7 @@ def node(start_controller: Callable[..., ControllerProcess]) -> Iterator[Node]:
 def test_ten_thousand_malformed_messages_get_their_error_and_change_nothing(node: Node) -> None:
     bystander = node.start_job(name="bystander", report_every=0.1)
     assert node.wait_registered(bystander), bystander.handle.output()
-    report = run_fuzz(node, bystander, mutations=8500, examples=100, sessions=40)
+    report = run_fuzz(node, bystander, mutations=9600, examples=40, sessions=40)
     assert report.violations == [], "\n".join(report.violations)
     assert report.messages >= 10_000, report
     assert len(report.errors_by_code) >= 8, report.errors_by_code  # the mix reached many kinds of error
