@@ -20,11 +20,13 @@ worker ends the epoch with an error.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.connection import wait as wait_for_any
@@ -50,6 +52,16 @@ POISON_DEATHS = 3  # a batch that killed this many workers is given up
 START_FAILURES = 3  # this many workers in a row dying before READY: stop trying
 SPAWNER_RESTARTS = 3  # helper process deaths tolerated per pool
 _TICK_S = 0.5  # the thread re-checks its state at least this often
+
+_live_pools: "weakref.WeakSet[Pool]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_pools() -> None:
+    """At interpreter exit, stop workers while the interpreter still works (before multiprocessing's
+    own exit handler terminates the helper processes)."""
+    for pool in list(_live_pools):
+        pool.close()
 
 
 @dataclass
@@ -136,6 +148,7 @@ class Pool:
             self._start_spawner()
         self._thread = threading.Thread(target=self._run, name="adloader-dispatcher", daemon=True)
         self._thread.start()
+        _live_pools.add(self)
 
     # ------------------------------------------------------------ any thread
 

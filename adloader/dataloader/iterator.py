@@ -42,9 +42,6 @@ class LocalLoading:
     def start_epoch(self, epoch: Epoch) -> None:
         pass
 
-    def set_target(self, n: int) -> None:
-        raise AssertionError("LocalLoading has no workers to resize")  # the iterator swaps in a Pool instead
-
     def running(self) -> int:
         return 0
 
