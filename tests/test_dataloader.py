@@ -223,6 +223,25 @@ def test_spawn_context_loads_and_resizes() -> None:
     assert os.getpid() not in {int(r[0, 1]) for r in rows}
 
 
+class MixedTensors(Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int) -> dict:
+        return {"small": torch.full((3,), i, dtype=torch.bfloat16), "flag": torch.tensor(i % 2 == 0),
+                "empty": torch.zeros(0, 2), "big": torch.full((40_000,), float(i)), "t": torch.arange(6.0).view(2, 3).t()}
+
+
+def test_small_tensors_arrive_by_value_and_large_ones_through_shared_memory() -> None:
+    ours = list(DataLoader(MixedTensors(), batch_size=2, num_workers=1))
+    theirs = list(torch.utils.data.DataLoader(MixedTensors(), batch_size=2, num_workers=1))
+    for a, b in zip(ours, theirs):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
+        assert not a["small"].is_shared() and a["big"].is_shared()
+
+
 # ------------------------------------------------------------------ resizing and dying
 
 

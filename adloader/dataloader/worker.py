@@ -15,8 +15,8 @@ Messages (tuples, first item the kind):
   dispatcher -> worker: (TASK, epoch, batch, payload, seed), (RETIRE,), (STOP,)
   worker -> dispatcher: (READY, pid, cpu_s, read_bytes), (INIT_FAILED, wrapped_exc, cpu_s, read_bytes),
                         (RESULT, epoch, batch, n_samples, failed, cpu_s, read_bytes) then the batch itself
-                        as a separate message of pickled bytes (so a batch that cannot be rebuilt is
-                        known by number), (ENDED, epoch, batch, cpu_s, read_bytes),
+                        as a separate message of pickled bytes (transfer.py; so a batch that cannot be
+                        rebuilt is known by number), (ENDED, epoch, batch, cpu_s, read_bytes),
                         (RETIRED, [batch, ...], cpu_s, read_bytes)
 ``cpu_s`` and ``read_bytes`` are this worker's deltas since its previous message.
 """
@@ -33,6 +33,7 @@ import torch
 import torch.utils.data._utils.worker as torch_worker
 from torch._utils import ExceptionWrapper
 
+from adloader.dataloader import transfer
 from adloader.dataloader.fetch import FetchSpec, StreamEnded, fetch_iterable, fetch_map
 from adloader.dataloader.seeding import MASK64, seed_all
 from adloader.dataloader.stats import ResourceMeter
@@ -110,9 +111,9 @@ def _serve(conn: Connection, spec: FetchSpec, meter: ResourceMeter, worker_id: i
         except Exception:
             data, n_samples, failed = ExceptionWrapper(where=f"in loader worker {worker_id}"), 0, True
         try:
-            pickled = ForkingPickler.dumps(data)
+            pickled = transfer.dumps(data)
         except Exception:  # the batch cannot be pickled: report that as the batch's error
-            pickled = ForkingPickler.dumps(ExceptionWrapper(where=f"pickling a batch in loader worker {worker_id}"))
+            pickled = transfer.dumps(ExceptionWrapper(where=f"pickling a batch in loader worker {worker_id}"))
             n_samples, failed = 0, True
         del data
         try:
