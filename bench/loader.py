@@ -56,7 +56,7 @@ class Config:
 
 QUICK = Config(repeats=3, jpeg_images=384, jpeg_px=224, jpeg_batch=32, tiny_samples=8000, tiny_batch=16, workers=2,
                resizes=8, contexts=("fork", "forkserver"))
-FULL = Config(repeats=7, jpeg_images=1024, jpeg_px=256, jpeg_batch=32, tiny_samples=24000, tiny_batch=16, workers=2,
+FULL = Config(repeats=9, jpeg_images=1024, jpeg_px=256, jpeg_batch=32, tiny_samples=24000, tiny_batch=16, workers=2,
               resizes=25, contexts=("fork", "forkserver", "spawn"))
 
 
