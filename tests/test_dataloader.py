@@ -6,9 +6,12 @@ from __future__ import annotations
 import os
 import random
 import signal
+import subprocess
+import sys
 import threading
 import time
 import warnings
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -240,6 +243,37 @@ def test_small_tensors_arrive_by_value_and_large_ones_through_shared_memory() ->
         for key in a:
             assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), key
         assert not a["small"].is_shared() and a["big"].is_shared()
+
+
+SCRIPT_WITHOUT_MAIN_GUARD = """
+import torch
+from adloader import DataLoader
+
+class Squares(torch.utils.data.Dataset):   # defined in __main__, as many training scripts do
+    def __len__(self):
+        return 30
+    def __getitem__(self, i):
+        return i * i
+
+loader = DataLoader(Squares(), batch_size=3, num_workers=2)
+out = []
+for k, batch in enumerate(loader):
+    out += batch.tolist()
+    if k == 2:
+        loader.set_num_workers(3)
+print(out == [i * i for i in range(30)], len(loader.worker_pids()))
+"""
+
+
+def test_a_script_that_works_with_torchs_loader_works_unchanged(tmp_path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT_WITHOUT_MAIN_GUARD)
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                              os.environ.get("PYTHONPATH", "")])}
+    environ = {k: v for k, v in environ.items() if not k.startswith("ADLOADER_")}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=environ)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True", "0"]  # all delivered; the epoch's workers are gone after it
 
 
 # ------------------------------------------------------------------ resizing and dying

@@ -3,12 +3,13 @@ loader counters, follows the controller's worker target, and rides out a control
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from fixtures.managed import REPO, ControllerProcess, wait_until
+from fixtures.managed import REPO, ControllerProcess, base_environment, wait_until
 
 SCRIPT = REPO / "tests" / "loader_job.py"
 
@@ -56,4 +57,16 @@ def test_the_reporter_rides_out_a_controller_restart(controller: ControllerProce
     assert err.count("adloader: reconnected to the controller") == 1, err
     assert "Traceback" not in err
     result = json.loads((tmp_path / "rank0.json").read_text())
+    assert all(epoch == list(range(400)) for epoch in result["epochs"])
+
+
+def test_with_no_controller_listening_training_runs_and_says_so_once(tmp_path: Path) -> None:
+    environ = base_environment(ADLOADER_SOCKET=str(tmp_path / "nobody.sock"), ADLOADER_JOB_ID="j-absent")
+    done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--seconds", "2.5", "--workers", "2"],
+                          env=environ, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.count("adloader: no controller answers") == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    result = json.loads((tmp_path / "rank0.json").read_text())
+    assert result["num_workers"] == 2, "with nobody to ask, the loader keeps its configured count"
     assert all(epoch == list(range(400)) for epoch in result["epochs"])
