@@ -368,9 +368,11 @@ def test_the_spawner_helper_dying_is_survived() -> None:
 
 
 def test_no_process_outlives_its_epoch_or_close() -> None:
-    loader = DataLoader(Indices(20), batch_size=2, num_workers=2)
+    loader = DataLoader(Indices(400, delay=0.001), batch_size=2, num_workers=2)
     it = iter(loader)
-    next(it)
+    deadline = time.monotonic() + 20
+    while len(loader.worker_pids()) < 2 and time.monotonic() < deadline:
+        next(it)
     pids = loader.worker_pids() + [it.source.spawner_pid()]
     assert len(alive(pids)) == 3
     list(it)  # a non-persistent epoch ends: its processes go
