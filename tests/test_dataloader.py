@@ -379,6 +379,9 @@ def test_no_process_outlives_its_epoch_or_close() -> None:
     assert alive(pids) == []
     persistent = DataLoader(Indices(20), batch_size=2, num_workers=2, persistent_workers=True)
     list(persistent)
+    deadline = time.monotonic() + 20  # between epochs the pool still grows to its size
+    while persistent.running_workers() < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
     pids = persistent.worker_pids()
     assert len(alive(pids)) == 2
     persistent.close()
