@@ -150,6 +150,7 @@ def test_unsupported_options_are_rejected_with_a_reason() -> None:
 
 def _record_init(worker_id: int) -> None:
     os.environ["ADL_TEST_INIT"] = str(worker_id)
+    os.environ["ADL_TEST_INITIAL_SEED"] = str(torch.initial_seed())
 
 
 class WhoLoads(Dataset):
@@ -159,7 +160,7 @@ class WhoLoads(Dataset):
     def __getitem__(self, i: int) -> torch.Tensor:
         info = get_worker_info()
         return torch.tensor([i, info.id, info.num_workers, int(os.environ["ADL_TEST_INIT"]), os.getpid(),
-                             torch.get_num_threads()])
+                             torch.get_num_threads(), int(os.environ["ADL_TEST_INITIAL_SEED"]) - info.seed])
 
 
 def test_workers_see_get_worker_info_and_ran_worker_init_fn() -> None:
@@ -168,6 +169,7 @@ def test_workers_see_get_worker_info_and_ran_worker_init_fn() -> None:
     assert [r[0] for r in rows] == list(range(12))
     assert {r[1] for r in rows} <= {0, 1} and all(r[2] == 2 for r in rows)
     assert all(r[3] == r[1] for r in rows)  # worker_init_fn ran in that worker with its id
+    assert all(r[6] == 0 for r in rows)  # ... seeded as torch seeds a worker: torch.initial_seed() == info.seed
     assert os.getpid() not in {r[4] for r in rows} and all(r[5] == 1 for r in rows)
 
 

@@ -43,6 +43,14 @@ def seed_all(seed: int) -> None:
     torch.default_generator.manual_seed(words[8] | words[9] << 32)  # torch.manual_seed also reseeds devices: 100x slower
 
 
+def seed_worker(seed: int) -> None:
+    """A worker's start, as torch seeds its workers (``base_seed + worker_id``), so a ``worker_init_fn``
+    that derives seeds from ``torch.initial_seed()`` sees what it would see under torch."""
+    random.seed(seed)
+    torch.manual_seed(seed & MASK64)
+    np.random.seed(np.random.SeedSequence(seed & MASK64).generate_state(4))
+
+
 def draw_base_seed(generator: torch.Generator | None) -> int:
     """Draw an epoch's base seed the way torch's ``_BaseDataLoaderIter`` does (one int64 draw)."""
     return int(torch.empty((), dtype=torch.int64).random_(generator=generator).item())

@@ -35,7 +35,7 @@ from torch._utils import ExceptionWrapper
 
 from adloader.dataloader import transfer
 from adloader.dataloader.fetch import FetchSpec, StreamEnded, fetch_iterable, fetch_map
-from adloader.dataloader.seeding import MASK64, seed_all
+from adloader.dataloader.seeding import MASK64, seed_all, seed_worker
 from adloader.dataloader.stats import ResourceMeter
 
 TASK, RETIRE, STOP = "task", "retire", "stop"
@@ -68,7 +68,7 @@ def worker_main(conn: Connection, spec: FetchSpec | bytes, identity: WorkerIdent
 def _become_worker(spec: FetchSpec, identity: WorkerIdentity) -> None:
     """Set up the process the way torch sets up its workers, so datasets see the same world."""
     torch.set_num_threads(1)
-    seed_all(identity.seed)
+    seed_worker(identity.seed)
     # torch.utils.data.get_worker_info() returns this module global; default_collate also reads
     # it to build batches directly in shared memory.
     torch_worker._worker_info = torch_worker.WorkerInfo(
