@@ -15,7 +15,8 @@ and reports the median of the per-pair ratios (ours / torch):
   * memory per worker (USS and PSS from psutil, mid-epoch), and our
     worker-spawning helper's own USS;
   * start latency per multiprocessing context: ``iter()`` to the first batch,
-    and for ours the resize latency in that context.
+    for ours the resize latency in that context, and a bare process start as
+    the baseline (forkserver with torch preloaded).
 """
 from __future__ import annotations
 
@@ -167,12 +168,33 @@ def memory_per_worker(make: Callable[[type], Any], repeats: int) -> dict[str, An
     return result
 
 
+def _report_started(conn: Any) -> None:
+    conn.send(os.getpid())
+    conn.close()
+
+
+def raw_process_start(context: str, count: int = 6) -> dict[str, float]:
+    """Baseline: a bare multiprocessing.Process start until it runs Python code (no dataset, no torch
+    work), the first and the median of the later ones. forkserver has torch preloaded (see main)."""
+    ctx = multiprocessing.get_context(context)
+    times = []
+    for _ in range(count):
+        receive, send = ctx.Pipe(duplex=False)
+        started = time.perf_counter()
+        process = ctx.Process(target=_report_started, args=(send,))
+        process.start()
+        receive.recv()
+        times.append(time.perf_counter() - started)
+        process.join()
+    return {"first_s": times[0], "later_p50_s": statistics.median(times[1:])}
+
+
 def start_latency(config: Config) -> dict[str, Any]:
     """iter() to first batch for torch and ours, per multiprocessing context; ours' resize latency too."""
     result: dict[str, Any] = {}
     dataset = Tiny(4096)
     for context in config.contexts:
-        row: dict[str, Any] = {}
+        row: dict[str, Any] = {"bare_process": raw_process_start(context)}
         for name, cls in (("torch", torch.utils.data.DataLoader), ("ours", DataLoader)):
             times = []
             for _ in range(max(1, config.repeats // 3)):
@@ -228,8 +250,9 @@ def run(config: Config) -> dict[str, Any]:
     results["start_latency"] = start_latency(config)
     for context, row in results["start_latency"].items():
         print(f"{'start, ' + context:<34} first batch torch {row['torch_first_batch_s'] * 1000:7.1f} ms ours "
-              f"{row['ours_first_batch_s'] * 1000:7.1f} ms   ours resize p50 {row['ours_resize']['p50_s'] * 1000:6.1f} ms",
-              flush=True)
+              f"{row['ours_first_batch_s'] * 1000:7.1f} ms   ours resize p50 {row['ours_resize']['p50_s'] * 1000:6.1f} ms"
+              f"   bare process start: first {row['bare_process']['first_s'] * 1000:6.1f} ms, "
+              f"later {row['bare_process']['later_p50_s'] * 1000:6.1f} ms", flush=True)
     results["machine"]["load_average_at_end"] = os.getloadavg()
     results["seconds"] = time.monotonic() - began
     return results
@@ -247,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     args = parser.parse_args(argv)
     config = QUICK if args.quick else FULL
+    multiprocessing.set_forkserver_preload(["torch", "adloader.dataloader"])  # the fair forkserver: torch loaded once
     results = run(config)
     results["mode"] = "quick" if args.quick else "full"
     if args.json:
