@@ -7,6 +7,11 @@ compute time. It runs until ``--samples`` samples are done (as many epochs as
 that takes) and writes its timeline, when each batch arrived and how long the
 loop waited for it, to ``--timeline`` for the benchmark to score.
 
+The emulated GPU is busy exactly ``--compute-ms`` per batch. When the process
+wakes late from its sleep (its cgroup's CPU quota ran out, or the CPU is
+contended), that overrun is GPU idle time: the next step could not be launched.
+It is recorded separately and never counted as busy.
+
     python -m bench.job --dataset DIR --image-px 224 --batch-size 32 \\
         --compute-ms 50 --samples 4000 --num-workers 4 --timeline OUT.json [--io-bound]
 """
@@ -61,6 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     compute_s = args.compute_ms / 1000.0
     steps: list[tuple[float, float, float]] = []
     samples = 0
+    overrun = 0.0
     cpu_at_start = _cpu_seconds()
     loop_start = time.monotonic()
     loop_start_wall = time.time()
@@ -74,9 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 break
             got = time.monotonic()
             time.sleep(compute_s)  # the GPU step, emulated: the CPU is idle while a GPU computes
-            done = time.monotonic()
+            overrun += max(0.0, time.monotonic() - got - compute_s)
             samples += samples_in(batch)
-            steps.append((round(got - loop_start, 4), round(got - asked, 4), round(done - got, 4)))
+            steps.append((round(got - loop_start, 4), round(got - asked, 4), compute_s))
         del iterator
     loop_end = time.monotonic()
     del loader  # joins the workers, so their CPU time is in RUSAGE_CHILDREN below
@@ -90,8 +96,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "samples": samples,
         "batch_size": args.batch_size,
         "compute_ms_per_batch": args.compute_ms,
-        "busy_s": sum(s[2] for s in steps),
+        "busy_s": compute_s * len(steps),
         "wait_s": sum(s[1] for s in steps),
+        "sleep_overrun_s": overrun,
         "cpu_s": _cpu_seconds() - cpu_at_start,
         "steps": steps,
         "steps_fields": ["t_s", "wait_s", "compute_s"],

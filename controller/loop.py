@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from controller import faults
-from controller.backends.base import ResourceBackend
+from controller.backends.base import BackendError, ResourceBackend
 from controller.cpuspec import format_cpus
 from controller.policies.base import JobAllocation, NodeResources, Policy
 from controller.reconciler import Change, Failure, reconcile
@@ -61,7 +61,7 @@ class ControlLoop:
         """Decide, record and apply once. ``events`` are what happened since the last step
         ("arrival", "departure", "policy_change", "adoption"): they name the reason."""
         start = self._clock()
-        registry.observe_loading()
+        registry.observe_loading(self._cpu_seconds(registry))
         views = registry.views(self.applied)
         wanted = {view.job_id: JobAllocation() for view in views}
         wanted.update({k: v for k, v in self.policy.allocate(self.node, views).items() if k in wanted})
@@ -88,6 +88,19 @@ class ControlLoop:
             wanted=wanted, changes=list(result.changes), failures=list(result.failures),
             reason=reason if changed else None, seconds=self.last_step_seconds,
         )
+
+
+    def _cpu_seconds(self, registry: Registry) -> dict[str, float] | None:
+        """Each job's group CPU time, when the backend accounts for it (None otherwise)."""
+        if "cpu_accounting" not in self.backend.capabilities:
+            return None
+        seconds = {}
+        for job in registry:
+            try:
+                seconds[job.job_id] = self.backend.cpu_seconds(job.job_id)
+            except BackendError:
+                continue  # the group is going away: its curve simply gets no point this step
+        return seconds
 
 
 def _reason(events: set[str]) -> str:

@@ -80,6 +80,8 @@ class Job:
     adopted: bool = False
     ranks: dict[int, deque[tuple[float, Report]]] = field(default_factory=dict)
     loading_curve: LoadingCurveEstimator = field(default_factory=LoadingCurveEstimator)
+    cpu_samples: deque[tuple[float, float]] = field(default_factory=deque)
+    """(monotonic time, CPU seconds of the job's whole group) over the window."""
     """Concave fit of (cores, loading samples/s) measured while the job was loader-bound."""
 
     @property
@@ -262,14 +264,26 @@ class Registry:
             loader_cores=loader_cores if loader_cores > 0 else None,
         )
 
-    def observe_loading(self) -> None:
+    def observe_loading(self, cpu_seconds: Mapping[str, float] | None = None) -> None:
         """Once per control step: each running job's window is a point of its loading curve,
-        (cores its loader used, samples/s delivered), whether or not the loader was the
-        bottleneck (throughput_model.curves explains why)."""
+        (cores it used, samples/s delivered), whether or not the loader was the bottleneck
+        (throughput_model.curves explains why). ``cpu_seconds``: each job's group CPU time
+        (the backend's accounting), so the cores are the whole job's, main process included,
+        which is what a quota limits; a job missing from it counts its loader workers' CPU."""
+        now = self._clock()
         for job in self:
+            if job.ended:
+                continue
             rates = self.rates(job)
-            if not job.ended and rates.achieved is not None and rates.loader_cores is not None:
-                job.loading_curve.observe(rates.loader_cores, rates.achieved)
+            cores = rates.loader_cores
+            if cpu_seconds is not None and job.job_id in cpu_seconds:
+                job.cpu_samples.append((now, cpu_seconds[job.job_id]))
+                while len(job.cpu_samples) > 2 and job.cpu_samples[0][0] < now - self.window_s:
+                    job.cpu_samples.popleft()
+                (t0, first), (t1, last) = job.cpu_samples[0], job.cpu_samples[-1]
+                cores = (last - first) / (t1 - t0) if t1 > t0 and last > first else None
+            if rates.achieved is not None and cores is not None:
+                job.loading_curve.observe(cores, rates.achieved)
 
     def views(self, applied: Mapping[str, JobAllocation]) -> list[JobView]:
         """What the policy sees: every job that has not ended, oldest first. ``current`` is the

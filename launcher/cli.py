@@ -19,7 +19,7 @@ class LaunchError(AdloaderError):
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.usage = "adloader run [--name NAME] [--gpus N] [--num-workers N] [--model-features FILE] -- COMMAND..."
+    parser.usage = "adloader run [--name NAME] [--gpus N] [--num-workers N] [--samples N] [--model-features FILE] -- COMMAND..."
     parser.add_argument("--name", default=None,
                         help="job name shown by `adloader status` (default: the training script's file name)")
     parser.add_argument("--gpus", type=_count, default=None, metavar="N",

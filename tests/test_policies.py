@@ -56,14 +56,14 @@ def test_adaptive_feeds_the_job_with_more_gpus_first_when_cores_are_short() -> N
 
 
 def test_adaptive_satisfies_every_job_that_fits_and_hands_the_rest_out_as_headroom() -> None:
-    light = job("light", m=100.0, p=0.005)  # needs 0.5 cores
-    heavy = job("heavy", m=100.0, p=0.015)  # needs 1.5 cores
+    light = job("light", m=100.0, p=0.005)  # uses 0.5 cores, so its quota must be 0.5·BURST_HEADROOM
+    heavy = job("heavy", m=100.0, p=0.015)  # 1.5 cores
     allocation = make_policy("adaptive").allocate(NODE, [light, heavy])
     assert busy(NODE, light, allocation["light"]) == pytest.approx(1.0)
     assert busy(NODE, heavy, allocation["heavy"]) == pytest.approx(1.0)
     assert allocation["light"].cores + allocation["heavy"].cores == pytest.approx(NODE.cores, abs=1e-3)
-    # the 2 spare cores go where the work is: three times as much to the job needing three times more
-    assert allocation["heavy"].cores - 1.5 == pytest.approx(3 * (allocation["light"].cores - 0.5), rel=0.05)
+    # the spare cores go where the work is: the job needing three times more gets three times more
+    assert allocation["heavy"].cores == pytest.approx(3 * allocation["light"].cores, rel=0.01)
 
 
 def test_adaptive_beats_even_on_heterogeneous_jobs_by_its_own_model() -> None:
@@ -187,7 +187,7 @@ def test_oracle_reads_its_curves_from_the_file_the_benchmark_writes(tmp_path: Pa
     path = tmp_path / "curves.json"
     path.write_text(json.dumps({"jobs": {
         "name-a": {"max_throughput": 400.0, "loading_curve": [[1.0, 100.0]], "bytes_per_sample": 0.0},
-        "name-b": {"max_throughput": 400.0, "loading_curve": [[1.0, 400.0]]},
+        "name-b": {"max_throughput": 400.0, "loading_curve": [[1.0, 4000.0]]},
     }}))
     monkeypatch.setenv(CURVES_VAR, str(path))
     oracle = make_policy("oracle")
@@ -234,3 +234,13 @@ def test_the_program_refuses_floors_that_do_not_fit() -> None:
     demands = [lp.JobDemand(str(i), 1.0, 10.0, ((0.0, 10.0),), min_cores=1.0) for i in range(3)]
     with pytest.raises(PolicyError, match="--cpus"):
         lp.solve(demands, cores=2.0, read_bps=None)
+
+
+def test_a_quota_saturates_a_job_only_with_burst_headroom_above_its_mean_use() -> None:
+    from controller.policies.shares import BURST_HEADROOM, KNEE
+
+    model = model_of(job("a", m=400.0, p=0.0025))  # uses 1 core at full rate
+    assert model is not None
+    assert model.cores_to_saturate() == pytest.approx(BURST_HEADROOM)
+    assert model.busy(KNEE, None) == pytest.approx(KNEE)  # below the knee the rate is c/p
+    assert KNEE < model.busy(1.0, None) < 1.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from controller.policies import JobAllocation, JobView, NodeResources, make_policy
@@ -91,7 +91,7 @@ def test_small_nodes_are_never_overcommitted(name: str, node: NodeResources, job
 
 
 @pytest.mark.parametrize("name", ["even", "adaptive", "jct"])
-@settings(max_examples=8, deadline=None)
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.data_too_large, HealthCheck.too_slow])
 @given(node=nodes, jobs=job_views(max_jobs=300))
 def test_hundreds_of_jobs(name: str, node: NodeResources, jobs: list[JobView]) -> None:
     allocation = make_policy(name).allocate(node, jobs)

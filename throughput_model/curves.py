@@ -30,6 +30,9 @@ BEND_PENALTY = 0.05
 """Per observation, cost of the curve's slope falling by one (samples/s per core) times its
 cores range, against the absolute error in samples/s; see _concave_l1_regression."""
 
+MIN_BIN_SHARE = 0.1
+"""See _bins: a bin needs this share of the observations (or three) to count."""
+
 REFIT_STEP = 0.02
 """The curve is refitted when a bin's median samples/s moves by about this fraction."""
 
@@ -105,13 +108,18 @@ def fit_concave_curve(observations: Iterable[Point], resolution_cores: float = 0
 
 
 def _bins(observations: Iterable[Point], resolution_cores: float) -> list[tuple[float, float, int]]:
-    """(median cores, median samples/s, count) per bin of cores, cores increasing."""
+    """(median cores, median samples/s, count) per bin of cores, cores increasing. Bins
+    holding fewer than MIN_BIN_SHARE of the observations (and fewer than three) are
+    transients, a job starting its workers or an allocation just changing, and are
+    left out; when every bin is that small, all are kept."""
     pooled: dict[int, list[Point]] = {}
     for cores, sps in observations:
         pooled.setdefault(int(round(cores / resolution_cores)), []).append((cores, sps))
+    total = sum(len(pts) for pts in pooled.values())
+    kept = {k: pts for k, pts in pooled.items() if len(pts) >= min(3, MIN_BIN_SHARE * total)} or pooled
     return [
         (statistics.median(c for c, _ in pts), statistics.median(s for _, s in pts), len(pts))
-        for _, pts in sorted(pooled.items())
+        for _, pts in sorted(kept.items())
     ]
 
 

@@ -14,11 +14,14 @@ arrived or left, or the new one is predicted to raise the objective by more than
 """
 from __future__ import annotations
 
+import logging
 from typing import Mapping, Sequence
 
 from controller.policies import lp
 from controller.policies.base import Allocation, JobAllocation, JobView, NodeResources
 from controller.policies.shares import JobModel, allocations, floors, managed_bandwidth, model_of, spread
+
+log = logging.getLogger(__name__)
 
 
 class AdaptivePolicy:
@@ -48,6 +51,14 @@ class AdaptivePolicy:
         target = self._target(node, jobs, models, weights)
         if self._keep_current(node, jobs, models, weights, target):
             return {job.job_id: job.current for job in jobs}
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("%s: models behind the new allocation: %s", self.name, "; ".join(
+                f"{job.name} w={weights[job.job_id]:.3g} M={m.max_throughput:.0f}/s "
+                f"saturates at {m.cores_to_saturate():.2f} cores, given {target[job.job_id].cores:.2f}"
+                f" -> busy {m.busy(target[job.job_id].cores or 0.0, target[job.job_id].read_bps):.2f}"
+                if (m := models.get(job.job_id)) else f"{job.name}: not measured yet"
+                for job in jobs
+            ))
         return target
 
     def _target(

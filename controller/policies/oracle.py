@@ -14,6 +14,9 @@ File format::
                              "loading_curve": [[cores, samples_per_s], ...],
                              "bytes_per_sample": 0.0}}}
 
+``loading_curve`` is the rate against cores *used*; like adaptive's models, it is
+turned into the rate against the CPU quota with shares.with_quota_knee.
+
 Jobs the file does not name get an even share of what is left.
 """
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from controller.policies.base import Allocation, JobView, NodeResources, PolicyError
-from controller.policies.shares import JobModel, allocations, floors, managed_bandwidth, spread
+from controller.policies.shares import JobModel, allocations, floors, managed_bandwidth, spread, with_quota_knee
 from throughput_model.curves import concave_lines
 
 CURVES_VAR = "ADLOADER_ORACLE_CURVES"
@@ -38,11 +41,11 @@ def load_true_curves(path: str | os.PathLike[str]) -> dict[str, JobModel]:
         data = json.loads(Path(path).read_text())
         models = {}
         for name, entry in data["jobs"].items():
-            models[name] = JobModel(
+            models[name] = with_quota_knee(JobModel(
                 max_throughput=float(entry["max_throughput"]),
                 lines=concave_lines([(float(c), float(s)) for c, s in entry["loading_curve"]]),
                 bytes_per_sample=float(entry.get("bytes_per_sample", 0.0)),
-            )
+            ))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise PolicyError(
             f"cannot read the oracle's true curves from {path}: {exc}; the file is written by "
