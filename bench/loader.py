@@ -5,7 +5,9 @@
 Pure loading, no training step: the loop only takes batches. Every comparison
 runs torch and ours at the same worker count, interleaved (torch, ours, ours,
 torch, ...) so that load from other processes on the machine hits both alike,
-and reports the median of the per-pair ratios (ours / torch):
+and reports the median of the per-pair ratios (ours / torch). Throughput is
+also given as CPU milliseconds per sample (training process + workers), which
+other load on the machine does not distort:
 
   * throughput, CPU-heavy: JPEG files on disk (bench/datasets.py), decode +
     random crop + flip + normalise; samples/s after the first batch;
@@ -25,6 +27,7 @@ import json
 import multiprocessing
 import os
 import platform
+import resource
 import statistics
 import sys
 import time
@@ -57,7 +60,7 @@ class Config:
 
 QUICK = Config(repeats=3, jpeg_images=384, jpeg_px=224, jpeg_batch=32, tiny_samples=8000, tiny_batch=16, workers=2,
                resizes=8, contexts=("fork", "forkserver"))
-FULL = Config(repeats=9, jpeg_images=1024, jpeg_px=256, jpeg_batch=32, tiny_samples=24000, tiny_batch=16, workers=2,
+FULL = Config(repeats=11, jpeg_images=1024, jpeg_px=256, jpeg_batch=32, tiny_samples=24000, tiny_batch=16, workers=2,
               resizes=25, contexts=("fork", "forkserver", "spawn"))
 
 
@@ -90,18 +93,32 @@ def steady_throughput(loader: Any) -> float:
     return samples / elapsed
 
 
-def compare_throughput(make: Callable[[type], Any], repeats: int) -> dict[str, Any]:
-    torch_sps, ours_sps = [], []
+def _cpu_seconds() -> float:
+    """CPU time of this process and of its reaped descendants (workers, once their epoch is over)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def compare_throughput(make: Callable[[type], Any], repeats: int, samples: int) -> dict[str, Any]:
+    """Wall-clock samples/s (what the goal is about; noisy when other work shares the machine) and CPU
+    milliseconds per sample, training process plus workers, start-up included (insensitive to that
+    noise: on a saturated machine throughput is cores / CPU cost)."""
+    runs: dict[str, dict[str, list[float]]] = {"torch": {"sps": [], "cpu": []}, "ours": {"sps": [], "cpu": []}}
     for repeat in range(repeats):
-        order = [(torch.utils.data.DataLoader, torch_sps), (DataLoader, ours_sps)]
-        for cls, sink in order if repeat % 2 == 0 else order[::-1]:
+        order = [("torch", torch.utils.data.DataLoader), ("ours", DataLoader)]
+        for name, cls in order if repeat % 2 == 0 else order[::-1]:
+            cpu_before = _cpu_seconds()
             loader = make(cls)
-            sink.append(steady_throughput(loader))
+            runs[name]["sps"].append(steady_throughput(loader))
             if isinstance(loader, DataLoader):
                 loader.close()
-    ratios = [o / t for o, t in zip(ours_sps, torch_sps)]
-    return {"torch_samples_per_s": torch_sps, "ours_samples_per_s": ours_sps, "ratios": ratios,
-            "ratio_median": statistics.median(ratios)}
+            runs[name]["cpu"].append((_cpu_seconds() - cpu_before) * 1000 / samples)
+    ratios = [o / t for o, t in zip(runs["ours"]["sps"], runs["torch"]["sps"])]
+    cpu_ratios = [t / o for o, t in zip(runs["ours"]["cpu"], runs["torch"]["cpu"])]
+    return {"torch_samples_per_s": runs["torch"]["sps"], "ours_samples_per_s": runs["ours"]["sps"], "ratios": ratios,
+            "ratio_median": statistics.median(ratios),
+            "torch_cpu_ms_per_sample": runs["torch"]["cpu"], "ours_cpu_ms_per_sample": runs["ours"]["cpu"],
+            "cpu_efficiency_ratios": cpu_ratios, "cpu_efficiency_ratio_median": statistics.median(cpu_ratios)}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -232,9 +249,9 @@ def run(config: Config) -> dict[str, Any]:
         "config": config.__dict__,
     }
     print(f"JPEG dataset: {len(jpeg)} images of {config.jpeg_px} px at {jpeg_root}", flush=True)
-    results["throughput_jpeg"] = compare_throughput(make_jpeg, config.repeats)
+    results["throughput_jpeg"] = compare_throughput(make_jpeg, config.repeats, len(jpeg))
     print_row("throughput, JPEG decode+augment", results["throughput_jpeg"])
-    results["throughput_tiny"] = compare_throughput(make_tiny, config.repeats)
+    results["throughput_tiny"] = compare_throughput(make_tiny, config.repeats, len(tiny))
     print_row("throughput, tiny tensors", results["throughput_tiny"])
     results["resize_latency_tiny"] = resize_latency(tiny, config.tiny_batch, w, config.resizes)
     results["resize_latency_jpeg"] = resize_latency(jpeg, 8, w, config.resizes)
@@ -261,7 +278,10 @@ def run(config: Config) -> dict[str, Any]:
 def print_row(name: str, result: dict[str, Any]) -> None:
     print(f"{name:<34} torch {statistics.median(result['torch_samples_per_s']):9.0f} /s   ours "
           f"{statistics.median(result['ours_samples_per_s']):9.0f} /s   ratio {result['ratio_median']:.3f} "
-          f"(pairs: {', '.join(f'{r:.2f}' for r in result['ratios'])})", flush=True)
+          f"(pairs: {', '.join(f'{r:.2f}' for r in result['ratios'])})   CPU ms/sample torch "
+          f"{statistics.median(result['torch_cpu_ms_per_sample']):.3f} ours "
+          f"{statistics.median(result['ours_cpu_ms_per_sample']):.3f} (efficiency ratio "
+          f"{result['cpu_efficiency_ratio_median']:.3f})", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
