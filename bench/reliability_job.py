@@ -15,10 +15,11 @@ Two ways to get the data:
     the job reconnects when it returns; the loop never waits on the socket.
 
 It prints JSON lines of its :class:`Progress` (one when training starts, then one per
-report, a last one when it ends: ``--seconds`` passed, or SIGTERM/SIGINT, exit 0). A
-test reads the last line to see whether training ever stopped (``max_step_gap_s``) and
-whether the reporter got through again after an outage (``reconnects``). Unmanaged (no
-ADLOADER_JOB_ID) it trains and reports nothing.
+report or every ``--report-every`` seconds, a last one when it ends: ``--seconds``
+passed, or SIGTERM/SIGINT, exit 0). A test reads the last line to see whether training
+ever stopped (``max_step_gap_s``) and whether the reporter got through again after an
+outage (``reconnects``). Unmanaged (no ADLOADER_JOB_ID) it trains and reports nothing:
+run so, it is the canary that shows how long steps take on a busy machine anyway.
 """
 from __future__ import annotations
 
@@ -48,6 +49,8 @@ class Progress:
     samples: int = 0
     max_step_gap_s: float = 0.0
     """Longest time between two finished steps: training stalls show up here."""
+    max_step_gap_ended: float | None = None
+    """Unix time the longest gap ended (to line it up with the controller's log)."""
     reports_ok: int = 0
     unavailable: int = 0
     """Report attempts that found no controller (connection refused or lost)."""
@@ -177,12 +180,12 @@ def train(seconds: float, step_s: float, batch_size: int, report_every: float,
             compute[0] += now - started
             progress.steps += 1
             progress.samples += batch_size
-            if last_step is not None:
-                progress.max_step_gap_s = max(progress.max_step_gap_s, now - last_step)
+            if last_step is not None and now - last_step > progress.max_step_gap_s:
+                progress.max_step_gap_s, progress.max_step_gap_ended = now - last_step, time.time()
             if loader is not None:
                 progress.target_workers = loader.num_workers
         last_step = now
-        if loader is not None and now >= next_emit:  # no reporter thread of ours prints lines
+        if reporter is None and now >= next_emit:  # no reporter thread of ours prints lines
             emit(progress, lock)
             next_emit = now + report_every
     if reporter is not None:

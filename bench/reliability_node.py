@@ -20,10 +20,12 @@ The invariants (``docs/reliability.md`` explains why each one matters):
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -170,17 +172,40 @@ class Node:
     expect_state_file: bool = True
     """Check that the state file matches what the controller lists (off while its directory is unwritable)."""
 
+    canary: subprocess.Popen | None = None
+    """The same emulated training, unmanaged and outside our groups, on our jobs' CPUs: its
+    longest step is what the machine's own load costs (other work shares it)."""
+
     def __post_init__(self) -> None:
         self.foreign = ForeignGroup(self.controller.group + "-foreign", self.root)
+        self._canary_out = tempfile.TemporaryFile()
+        environ = {k: v for k, v in self.controller.environ.items() if not k.startswith("ADLOADER_")}
+        self.canary = subprocess.Popen([sys.executable, "-m", JOB_MODULE, "--report-every", "1"],
+                                       stdout=self._canary_out, stderr=subprocess.DEVNULL, env=environ,
+                                       cwd=Path(__file__).resolve().parents[1], start_new_session=True)
+        os.sched_setaffinity(self.canary.pid, set(range(self.cpus)))
 
     def close(self) -> None:
-        """Stop every job we started and remove the other owner's cgroup (the controller's own
-        fixture removes our groups)."""
+        """Stop every job we started, the canary, and remove the other owner's cgroup (the
+        controller's own fixture removes our groups)."""
         for job in self.jobs:
             job.handle.kill_tree()
+        if self.canary is not None:
+            self.canary.kill()
+            self.canary.wait()
+            self._canary_out.close()
+            self.canary = None
         if self.foreign is not None:
             self.foreign.remove()
             self.foreign = None
+
+    def canary_gap(self) -> float:
+        """The canary's longest step so far (seconds)."""
+        from bench.reliability_job import parse_progress
+
+        self._canary_out.seek(0)
+        progress = parse_progress(self._canary_out.read().decode())
+        return progress.max_step_gap_s if progress is not None else 0.0
 
     # -- jobs ---------------------------------------------------------------------------------
     def start_job(self, name: str = "train", seconds: float = 600.0, report_every: float = 0.25,
@@ -340,9 +365,12 @@ class Node:
 
     def training_stopped(self, max_gap_s: float) -> list[str]:
         """Jobs whose training stopped although we never ended them: they exited with a nonzero
-        status, or a step took longer than ``max_gap_s`` (from the job's own progress lines)."""
+        status, or a step took longer than ``max_gap_s`` and than three times the canary's
+        longest (a job in a cgroup shares its group's CPU weight with its siblings, so on a
+        loaded machine its steps stretch further than the canary's without stopping)."""
         from bench.reliability_job import parse_progress
 
+        allowed = max(max_gap_s, 3 * self.canary_gap())
         found = []
         for job in self.jobs:
             code = job.handle.proc.poll()
@@ -351,8 +379,10 @@ class Node:
             if job.meant_to_end == "stopped" and code not in (None, 0):
                 found.append(f"{job.handle.name} did not stop cleanly on SIGTERM: exit {code}")
             progress = parse_progress(job.handle.output()[0])
-            if progress is not None and progress.max_step_gap_s > max_gap_s:
-                found.append(f"{job.handle.name} stalled: a step took {progress.max_step_gap_s:.2f}s")
+            if progress is not None and progress.max_step_gap_s > allowed:
+                ended = time.strftime("%H:%M:%S", time.localtime(progress.max_step_gap_ended or 0))
+                found.append(f"{job.handle.name} stalled: a step took {progress.max_step_gap_s:.2f}s (until {ended}); "
+                             f"the unmanaged canary's longest: {self.canary_gap():.2f}s")
         return found
 
 
