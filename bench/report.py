@@ -8,8 +8,10 @@ Per run (all numbers GPU-emulated: a job's GPU step is a sleep):
 - ``makespan_s``: first arrival to the last job's exit;
 - ``mean_jct_s``: mean of (exit − arrival) over jobs;
 - ``controller_cpu_pct``: the controller's CPU time / run wall time, % of one core;
-- ``settle_s``: after each arrival or departure, how long until no job's cores moved
-  by more than 0.05 any more (before the next event); the largest is reported.
+- ``settle_s``: after each arrival (a job's first report: before it, nothing about it
+  is known) or departure, how long until no job's cores or workers moved any more
+  (cores by more than 0.05; "no quota" counts as a value) before the next event; the
+  largest is reported.
 
 A policy's figure is the median over its repeats.
 """
@@ -68,8 +70,10 @@ def settle_times(run: RunOutcome) -> list[float]:
     """For each change of the job set seen in the status samples, seconds until the
     allocation stopped moving (cores within SETTLE_CORES of their final value before
     the next change of the job set)."""
-    samples = [(t, {name: fields.get("cores") for name, fields in jobs.items()}) for t, jobs in run.samples]
-    events = [i for i in range(1, len(samples)) if set(samples[i][1]) != set(samples[i - 1][1])]
+    samples = [(t, {name: (f.get("cores"), f.get("workers")) for name, f in jobs.items()},
+                {name for name, f in jobs.items() if f.get("state", "running") == "running"})
+               for t, jobs in run.samples]
+    events = [i for i in range(1, len(samples)) if samples[i][2] != samples[i - 1][2]]
     result = []
     for n, index in enumerate(events):
         end = events[n + 1] if n + 1 < len(events) else len(samples)
@@ -78,19 +82,22 @@ def settle_times(run: RunOutcome) -> list[float]:
             continue
         final = window[-1][1]
         settled_at = window[0][0]
-        for t, cores in window:
-            if any(_moved(cores.get(name), final.get(name)) for name in final):
+        for t, given, _ in window:
+            if any(_moved(given.get(name), final[name]) for name in final):
                 settled_at = t
         # the sample after the last one that differed is when it was settled
-        later = [t for t, _ in window if t > settled_at]
+        later = [t for t, _, _ in window if t > settled_at]
         result.append(round((later[0] if later else settled_at) - window[0][0], 3))
     return result
 
 
-def _moved(value: float | None, final: float | None) -> bool:
-    if value is None or final is None:
-        return value != final
-    return abs(value - final) > SETTLE_CORES
+def _moved(value: tuple[float | None, int | None] | None, final: tuple[float | None, int | None]) -> bool:
+    if value is None:
+        return True
+    (cores, workers), (final_cores, final_workers) = value, final
+    if workers != final_workers or (cores is None) != (final_cores is None):
+        return True
+    return cores is not None and final_cores is not None and abs(cores - final_cores) > SETTLE_CORES
 
 
 def summarise(runs: Iterable[RunOutcome]) -> dict[str, dict[str, Any]]:

@@ -228,7 +228,7 @@ def _status(socket_path: Path) -> NodeSnapshot | None:
 
 
 def _job_fields(job) -> dict:
-    return {"cores": job.cores, "workers": job.workers_target, "read_bps": job.read_bps,
+    return {"cores": job.cores, "workers": job.workers_target, "read_bps": job.read_bps, "state": job.state,
             "achieved_sps": job.achieved_sps, "data_wait_ratio": job.data_wait_ratio}
 
 

@@ -36,6 +36,10 @@ Predictor = Callable[[dict[str, float], int], "tuple[float, float, float] | None
 """(features, gpus) -> (M, low, high) samples/s, or None when it cannot tell."""
 JobFinishedHook = Callable[[JobSnapshot], None]
 
+MIN_BATCHES_FOR_M = 8
+"""The policy gets a measured M once a rank has run this many steps (until then the
+prediction, if any): the first steps are warm-up."""
+
 
 @dataclass(frozen=True)
 class Rates:
@@ -293,7 +297,7 @@ class Registry:
             if job.ended:
                 continue
             rates = self.rates(job)
-            max_tp, interval = rates.max_throughput, None
+            max_tp, interval = self.measured_max_throughput(job), None
             if max_tp is None and job.predicted is not None:
                 max_tp, interval = job.predicted[0], (job.predicted[1], job.predicted[2])
             views.append(
@@ -307,6 +311,17 @@ class Registry:
                 )
             )
         return views
+
+    def measured_max_throughput(self, job: Job) -> float | None:
+        """M over each rank's whole run (its cumulative counters: samples / compute seconds),
+        summed over the ranks with MIN_BATCHES_FOR_M steps. A window of a few seconds holds
+        only a few steps of a starved job, and its partial step at each end swings M by half."""
+        total = 0.0
+        for window in job.ranks.values():
+            last = window[-1][1] if window else None
+            if last is not None and last.batches >= MIN_BATCHES_FOR_M and last.compute_s > 0:
+                total += last.samples / last.compute_s
+        return total or None
 
     def remaining_samples(self, job: Job) -> float | None:
         """Samples left: the declared length minus what the ranks reported, else what

@@ -12,7 +12,7 @@ from throughput_model.curves import (
     LoadingCurveEstimator,
     concave_lines,
     evaluate_lines,
-    fit_concave_curve,
+    fit_loading_curve,
 )
 
 
@@ -38,15 +38,13 @@ def test_linear_loading_is_recovered_from_noisy_windows_and_extrapolated() -> No
         assert _curve_at(estimator.points(), cores) == pytest.approx(250.0 * cores, rel=0.06)
 
 
-def test_saturating_loading_is_recovered() -> None:
-    rng = random.Random(3)
+def test_start_up_windows_do_not_count_once_the_job_runs_steadily() -> None:
     estimator = LoadingCurveEstimator()
-    truth = lambda c: 300.0 * min(c, 1.0) + 50.0 * max(0.0, c - 1.0)  # noqa: E731 - the curve under test
-    for _ in range(64):
-        cores = rng.uniform(0.1, 2.0)
-        estimator.observe(cores, truth(cores) * rng.uniform(0.97, 1.03))
-    for cores in (0.25, 0.5, 1.0, 1.5, 1.9):
-        assert _curve_at(estimator.points(), cores) == pytest.approx(truth(cores), rel=0.1)
+    estimator.observe(1.6, 20.0)  # workers starting: much CPU, few samples
+    estimator.observe(1.2, 60.0)
+    for _ in range(20):
+        estimator.observe(0.5, 200.0)
+    assert _curve_at(estimator.points(), 1.0) == pytest.approx(400.0)
 
 
 def test_a_single_outlier_window_does_not_bend_the_curve() -> None:
@@ -88,12 +86,22 @@ observations = st.lists(
 
 @settings(max_examples=150, deadline=None)
 @given(observations)
-def test_fitted_curve_is_concave_non_decreasing_and_through_the_origin(points: list[tuple[float, float]]) -> None:
-    knots = fit_concave_curve(points)
-    xs = [0.0] + [c for c, _ in knots]
-    ys = [0.0] + [s for _, s in knots]
-    slopes = [(ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i]) for i in range(len(knots))]
-    assert all(s >= -1e-6 for s in slopes)
-    assert all(later <= earlier * (1 + 1e-6) + 1e-6 for earlier, later in zip(slopes, slopes[1:]))
-    for cores, _ in knots:  # the lines reproduce the knots
-        assert evaluate_lines(concave_lines(knots), cores) == pytest.approx(dict(knots)[cores], rel=1e-6, abs=1e-6)
+def test_the_fit_is_a_line_through_the_origin_at_a_rate_some_window_saw(points: list[tuple[float, float]]) -> None:
+    knots = fit_loading_curve(points)
+    assert len(knots) == 1
+    cores, sps = knots[0]
+    rates = [s / c for c, s in points]
+    assert min(c for c, _ in points) <= cores <= max(c for c, _ in points)
+    assert min(rates) - 1e-9 <= sps / cores <= max(rates) + 1e-9
+
+
+@settings(max_examples=150, deadline=None)
+@given(observations)
+def test_the_lines_a_policy_gets_are_concave_non_decreasing_and_through_the_origin(
+    points: list[tuple[float, float]],
+) -> None:
+    lines = concave_lines(points)
+    values = [evaluate_lines(lines, c / 10) for c in range(0, 100)]
+    assert values[0] == 0.0
+    assert all(b >= a - 1e-6 * max(1.0, a) for a, b in zip(values, values[1:]))
+    assert all(b - a >= c - b - 1e-6 * max(1.0, c) for a, b, c in zip(values, values[1:], values[2:]))

@@ -11,7 +11,7 @@ import pytest
 from controller.policies import JobAllocation, JobView, NodeResources, PolicyError, make_policy, policy_names
 from controller.policies import lp
 from controller.policies.oracle import CURVES_VAR, OraclePolicy
-from controller.policies.shares import JobModel, model_of
+from controller.policies.shares import BURST_HEADROOM, PLAN_MARGIN, JobModel, model_of, predicted_objective
 
 NODE = NodeResources(cpus=(0, 1, 2, 3), read_bps=400e6, read_device="254:0")
 
@@ -23,9 +23,16 @@ def job(job_id: str, gpus: int = 1, m: float = 100.0, p: float | None = None, **
 
 
 def busy(node: NodeResources, view: JobView, given: JobAllocation) -> float:
+    """Predicted busy fraction of a job with a quota."""
     model = model_of(view)
     assert model is not None and given.cores is not None
     return model.busy(given.cores, given.read_bps)
+
+
+def objective(node: NodeResources, jobs: list[JobView], allocation: dict[str, JobAllocation]) -> float:
+    """Σ g·busy the models predict (jobs without a quota share what the quotas leave)."""
+    models = {j.job_id: m for j in jobs if (m := model_of(j)) is not None}
+    return predicted_objective(node, jobs, models, {j.job_id: float(max(1, j.gpus)) for j in jobs}, allocation)
 
 
 def test_every_policy_is_registered_and_an_unknown_name_says_which_exist() -> None:
@@ -55,25 +62,30 @@ def test_adaptive_feeds_the_job_with_more_gpus_first_when_cores_are_short() -> N
     assert allocation["small"].cores == pytest.approx(NODE.min_cores_per_job, abs=1e-3)
 
 
-def test_adaptive_satisfies_every_job_that_fits_and_hands_the_rest_out_as_headroom() -> None:
-    light = job("light", m=100.0, p=0.005)  # uses 0.5 cores, so its quota must be 0.5·BURST_HEADROOM
+def test_jobs_that_fit_get_no_quota_only_workers_with_room_for_bursts() -> None:
+    light = job("light", m=100.0, p=0.005)  # uses 0.5 cores at full rate
     heavy = job("heavy", m=100.0, p=0.015)  # 1.5 cores
     allocation = make_policy("adaptive").allocate(NODE, [light, heavy])
-    assert busy(NODE, light, allocation["light"]) == pytest.approx(1.0)
-    assert busy(NODE, heavy, allocation["heavy"]) == pytest.approx(1.0)
-    assert allocation["light"].cores + allocation["heavy"].cores == pytest.approx(NODE.cores, abs=1e-3)
-    # the spare cores go where the work is: the job needing three times more gets three times more
-    assert allocation["heavy"].cores == pytest.approx(3 * allocation["light"].cores, rel=0.01)
+    assert allocation["light"].cores is None and allocation["heavy"].cores is None
+    assert allocation["light"].workers == math.ceil(BURST_HEADROOM * PLAN_MARGIN * 0.5)
+    assert allocation["heavy"].workers == math.ceil(BURST_HEADROOM * PLAN_MARGIN * 1.5)
+    assert objective(NODE, [light, heavy], allocation) == pytest.approx(2.0)
+
+
+def test_a_job_that_cannot_be_satisfied_is_held_to_its_share_by_a_quota() -> None:
+    light = job("light", m=100.0, p=0.005)
+    hog = job("hog", m=1000.0, p=0.01)  # would use 10 cores
+    allocation = make_policy("adaptive").allocate(NODE, [light, hog])
+    assert allocation["light"].cores is None
+    assert allocation["hog"].cores == pytest.approx(NODE.cores - PLAN_MARGIN * 0.5, abs=1e-3)
+    assert allocation["hog"].workers == math.ceil(allocation["hog"].cores)
 
 
 def test_adaptive_beats_even_on_heterogeneous_jobs_by_its_own_model() -> None:
     jobs = [job("a", gpus=4, m=500.0, p=0.002), job("b", gpus=1, m=100.0, p=0.001), job("c", gpus=2, m=300.0, p=0.01)]
 
-    def objective(name: str) -> float:
-        allocation = make_policy(name).allocate(NODE, jobs)
-        return sum(j.gpus * busy(NODE, j, allocation[j.job_id]) for j in jobs)
-
-    assert objective("adaptive") > objective("even")
+    assert objective(NODE, jobs, make_policy("adaptive").allocate(NODE, jobs)) > objective(
+        NODE, jobs, make_policy("even").allocate(NODE, jobs))
 
 
 def test_identical_starving_jobs_share_equally_so_the_answer_is_unique() -> None:
@@ -99,8 +111,9 @@ def test_the_job_bound_by_reads_gets_the_bandwidth_and_more_workers_per_core() -
     assert sum(a.read_bps for a in allocation.values()) <= NODE.read_bps
     assert min(a.read_bps for a in allocation.values()) > 0  # everyone keeps a floor
     even = make_policy("even").allocate(NODE, [reader, *others])
-    assert busy(NODE, reader, allocation["reader"]) > busy(NODE, reader, even["reader"])
-    assert allocation["reader"].workers == math.ceil(2 * allocation["reader"].cores)
+    assert objective(NODE, [reader], {"reader": allocation["reader"]}) > objective(NODE, [reader], {"reader": even["reader"]})
+    # a reader's workers block on I/O: twice as many per core
+    assert allocation["reader"].workers == math.ceil(2 * BURST_HEADROOM * PLAN_MARGIN * 200.0 * 0.001)
 
 
 def test_bandwidth_is_left_alone_when_the_node_does_not_manage_it() -> None:
@@ -111,14 +124,16 @@ def test_bandwidth_is_left_alone_when_the_node_does_not_manage_it() -> None:
 
 def test_adaptive_keeps_the_current_allocation_when_the_gain_is_small() -> None:
     policy = make_policy("adaptive")
-    jobs = [job("a", m=100.0, p=0.02), job("b", m=100.0, p=0.03)]  # need 2 and 3 cores of 4
+    jobs = [job("a", m=100.0, p=0.02), job("b", m=100.0, p=0.03)]  # use 2 and 3 cores of 4
     first = policy.allocate(NODE, jobs)
+    assert first["a"].cores is None and first["b"].cores is not None  # a fits, b gets the rest
     # measurements drift by 2%: the predicted gain of moving cores is under the threshold
     drifted = [job("a", m=100.0, p=0.0204, current=first["a"]), job("b", m=100.0, p=0.0294, current=first["b"])]
     assert policy.allocate(NODE, drifted) == first
     # a real change (b got much cheaper, a much dearer) moves cores
     changed = [job("a", m=100.0, p=0.04, current=first["a"]), job("b", m=100.0, p=0.01, current=first["b"])]
-    assert policy.allocate(NODE, changed)["a"].cores > first["a"].cores
+    moved = policy.allocate(NODE, changed)
+    assert moved["b"].cores is None and moved["a"].cores > first["b"].cores
 
 
 def test_adaptive_reallocates_at_once_when_a_job_leaves_or_arrives() -> None:
@@ -166,7 +181,7 @@ def test_oracle_finds_the_best_split_that_brute_force_finds() -> None:
     steps = 10
     oracle = OraclePolicy(curves, steps=steps)
     allocation = oracle.allocate(node, jobs)
-    got = sum(j.gpus * busy(node, j, allocation[j.job_id]) for j in jobs)
+    got = objective(node, jobs, allocation)
     # brute force over the same grid: floors plus whole steps of the spare cores and bandwidth
     io_floor = 0.01 * node.read_bps
     spare_cores = node.cores - 3 * node.min_cores_per_job
@@ -195,7 +210,8 @@ def test_oracle_reads_its_curves_from_the_file_the_benchmark_writes(tmp_path: Pa
     jobs = [job("a", m=400.0, p=0.001), job("b", m=400.0, p=0.01), JobView(job_id="z", name="unlisted")]
     allocation = oracle.allocate(NODE, jobs)
     assert allocation["z"].cores == pytest.approx(NODE.cores / 3, abs=1e-3)
-    assert allocation["b"].cores < allocation["a"].cores
+    assert allocation["b"].cores is None  # satisfied by its true curve: no quota
+    assert allocation["a"].cores == pytest.approx(NODE.cores - NODE.cores / 3 - PLAN_MARGIN * 0.1, abs=0.11)
 
 
 def test_oracle_without_curves_says_how_to_give_them(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -234,13 +250,3 @@ def test_the_program_refuses_floors_that_do_not_fit() -> None:
     demands = [lp.JobDemand(str(i), 1.0, 10.0, ((0.0, 10.0),), min_cores=1.0) for i in range(3)]
     with pytest.raises(PolicyError, match="--cpus"):
         lp.solve(demands, cores=2.0, read_bps=None)
-
-
-def test_a_quota_saturates_a_job_only_with_burst_headroom_above_its_mean_use() -> None:
-    from controller.policies.shares import BURST_HEADROOM, KNEE
-
-    model = model_of(job("a", m=400.0, p=0.0025))  # uses 1 core at full rate
-    assert model is not None
-    assert model.cores_to_saturate() == pytest.approx(BURST_HEADROOM)
-    assert model.busy(KNEE, None) == pytest.approx(KNEE)  # below the knee the rate is c/p
-    assert KNEE < model.busy(1.0, None) < 1.0

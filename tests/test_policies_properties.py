@@ -61,10 +61,10 @@ def _policy(name: str, jobs: list[JobView]):
 def _check(node: NodeResources, jobs: list[JobView], allocation: dict[str, JobAllocation]) -> None:
     assert set(allocation) == {j.job_id for j in jobs}
     floor = node.min_cores_per_job
-    cores = [a.cores for a in allocation.values()]
-    assert all(c is not None and c >= min(floor, node.cores / len(jobs)) - 1e-9 for c in cores)
-    assert sum(cores) <= max(node.cores, floor * len(jobs)) + 1e-6
-    assert all(c <= node.cores + 1e-9 for c in cores)
+    quotas = [a.cores for a in allocation.values() if a.cores is not None]  # None: satisfied, no quota
+    assert all(c >= min(floor, node.cores / len(jobs)) - 1e-9 for c in quotas)
+    assert sum(quotas) <= max(node.cores, floor * len(jobs)) + 1e-6
+    assert all(c <= node.cores + 1e-9 for c in quotas)
     for view in jobs:
         a = allocation[view.job_id]
         assert 1 <= a.workers <= node.max_workers_per_job

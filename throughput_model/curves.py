@@ -1,19 +1,24 @@
 """A job's loading curve, learnt online: samples/s its data loading delivers with c cores.
 
-DESIGN.md's first-order model is T_load(c) = e(c)·c/p with a concave parallel
-efficiency e(c). Rather than assume a shape for e, this module fits the most
-general curve that model allows, a concave, non-decreasing, piecewise-linear
-function through the origin, to what the job is seen doing: in each control
-window the registry observes how many cores the job's cgroup really used and how
-many samples it delivered. That pair is a point on the curve whether or not the
-loader was the bottleneck (T samples/s cost u cores), so every window teaches
+DESIGN.md's first-order model is T_load(c) = e(c)·c/p. In each control window the
+registry observes how many cores the job's cgroup really used (u) and how many
+samples it delivered (T). Whether or not the loader was the bottleneck, T/u is the
+samples one core-second of the job's CPU buys, 1/p (a job waiting on its GPU uses
+fewer cores for the same samples, not more per sample), so every window teaches
 something and no user input is needed (MalleTrain's online job profiling).
 
-The fit is an L1 concave regression, a small linear program solved by scipy's
-HiGHS; medians per bin of cores keep start-up windows and scheduler noise from
-bending the curve. A prior (p from the job's history or a probe) stands in until
-the first observation arrives. Pure numpy/scipy: this package imports no other
-package of ours.
+The fit is deliberately robust rather than detailed: windows are pooled in bins of
+cores, bins holding only a few windows (a job starting its workers, an allocation
+just changing) are dropped, and the rate is the median over the rest, weighted by
+window. The curve is the line through the origin at that rate, one concave piece:
+on the small nodes measured here no parallel-efficiency loss e(c) < 1 stood out of
+the noise, while every attempt to fit one from a handful of noisy bins bent the
+curve flat somewhere, telling the policy that more cores do not help a starving
+job. What a CPU *quota* costs on top (bursts throttled) is modelled by the policy
+(controller/policies/shares.py, with_quota_knee). A prior (p from the job's history
+or a probe) stands in until the first observation arrives.
+
+Pure numpy/scipy and the standard library: this package imports no other package of ours.
 """
 from __future__ import annotations
 
@@ -22,19 +27,8 @@ import statistics
 from collections import deque
 from typing import Iterable, Sequence
 
-import numpy as np
-from scipy.optimize import linprog
-from scipy.sparse import coo_matrix
-
-BEND_PENALTY = 0.05
-"""Per observation, cost of the curve's slope falling by one (samples/s per core) times its
-cores range, against the absolute error in samples/s; see _concave_l1_regression."""
-
 MIN_BIN_SHARE = 0.1
 """See _bins: a bin needs this share of the observations (or three) to count."""
-
-REFIT_STEP = 0.02
-"""The curve is refitted when a bin's median samples/s moves by about this fraction."""
 
 Point = tuple[float, float]
 """(cores, loading samples/s)."""
@@ -66,8 +60,6 @@ class LoadingCurveEstimator:
         self._prior = prior_cpu_s_per_sample
         self._resolution = resolution_cores
         self._observations: deque[Point] = deque(maxlen=max_observations)
-        self._fit: tuple[Point, ...] = ()
-        self._fit_key: tuple[Point, ...] | None = None
 
     def observe(self, cores_used: float, samples_per_s: float) -> None:
         """Record one window: the job used ``cores_used`` cores and delivered
@@ -83,106 +75,35 @@ class LoadingCurveEstimator:
         return len(self._observations)
 
     def points(self) -> tuple[Point, ...]:
-        """The fitted curve as (cores, samples/s) knots, cores increasing, concave through
-        the origin (the origin itself is implied, not listed). Empty when nothing is known."""
+        """The fitted curve as (cores, samples/s) knots, cores increasing; the origin is
+        implied, and the curve goes on beyond the last knot along its last piece. Empty
+        when nothing is known."""
         if not self._observations:
             return ((1.0, 1.0 / self._prior),) if self._prior is not None else ()
-        bins = _bins(self._observations, self._resolution)
-        # Refit only when some bin's median moved by more than rounding: a job running
-        # steadily costs the controller nothing per report.
-        key = tuple((round(x, 2), round(math.log1p(y) / REFIT_STEP)) for x, y, _ in bins)
-        if key != self._fit_key:
-            self._fit_key = key
-            self._fit = _fit_bins(bins)
-        return self._fit
+        return fit_loading_curve(self._observations, self._resolution)
 
 
-def fit_concave_curve(observations: Iterable[Point], resolution_cores: float = 0.05) -> tuple[Point, ...]:
-    """L1 fit of a concave, non-decreasing, piecewise-linear curve through the origin.
+def fit_loading_curve(observations: Iterable[Point], resolution_cores: float = 0.05) -> tuple[Point, ...]:
+    """One knot (median cores used, those cores times the median samples per core-second)
+    over the windows that are not transients; the curve is the line from the origin."""
+    kept = [point for _, points in _bins(observations, resolution_cores) for point in points]
+    if not kept:
+        return ()
+    cores = statistics.median(c for c, _ in kept)
+    rate = statistics.median(s / c for c, s in kept)
+    return ((cores, cores * rate),)
 
-    Observations are pooled in bins of ``resolution_cores`` (median cores and
-    samples/s per bin, weighted by count); the curve's value at each bin's cores is
-    chosen to minimise the weighted absolute error subject to concavity.
-    """
-    return _fit_bins(_bins(observations, resolution_cores))
 
-
-def _bins(observations: Iterable[Point], resolution_cores: float) -> list[tuple[float, float, int]]:
-    """(median cores, median samples/s, count) per bin of cores, cores increasing. Bins
-    holding fewer than MIN_BIN_SHARE of the observations (and fewer than three) are
-    transients, a job starting its workers or an allocation just changing, and are
-    left out; when every bin is that small, all are kept."""
+def _bins(observations: Iterable[Point], resolution_cores: float) -> list[tuple[int, list[Point]]]:
+    """The observations pooled by cores, bins in increasing order. Bins holding fewer than
+    MIN_BIN_SHARE of the observations (and fewer than three) are transients and are left
+    out; when every bin is that small, all are kept."""
     pooled: dict[int, list[Point]] = {}
     for cores, sps in observations:
         pooled.setdefault(int(round(cores / resolution_cores)), []).append((cores, sps))
     total = sum(len(pts) for pts in pooled.values())
     kept = {k: pts for k, pts in pooled.items() if len(pts) >= min(3, MIN_BIN_SHARE * total)} or pooled
-    return [
-        (statistics.median(c for c, _ in pts), statistics.median(s for _, s in pts), len(pts))
-        for _, pts in sorted(kept.items())
-    ]
-
-
-def _fit_bins(bins: list[tuple[float, float, int]]) -> tuple[Point, ...]:
-    if not bins:
-        return ()
-    if len(bins) == 1:
-        return ((bins[0][0], bins[0][1]),)
-    xs = np.array([x for x, _, _ in bins])
-    ys = np.array([y for _, y, _ in bins])
-    weights = np.array([n for _, _, n in bins], dtype=float)
-    values = _concave_l1_regression(xs, ys, weights)
-    lines = concave_lines(list(zip(xs, values)))
-    return _knots(lines, float(xs[-1]))
-
-
-def _concave_l1_regression(xs: np.ndarray, ys: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    """min Σ w_i |f_i − y_i| s.t. the slopes of (0,0),(x_1,f_1),…,(x_m,f_m) are ≥ 0 and
-    non-increasing. Variables: f_1..f_m then e_1..e_m (the absolute errors)."""
-    m = len(xs)
-    rows: list[int] = []
-    cols: list[int] = []
-    vals: list[float] = []
-    rhs: list[float] = []
-    row = 0
-
-    def add(entries: list[tuple[int, float]], bound: float) -> None:
-        nonlocal row
-        for col, val in entries:
-            rows.append(row)
-            cols.append(col)
-            vals.append(val)
-        rhs.append(bound)
-        row += 1
-
-    for i in range(m):  # e_i >= |f_i - y_i|
-        add([(i, 1.0), (m + i, -1.0)], ys[i])
-        add([(i, -1.0), (m + i, -1.0)], -ys[i])
-    # slope_k = (f_k - f_{k-1}) / (x_k - x_{k-1}), with f_0 = x_0 = 0.
-    def slope_terms(k: int) -> list[tuple[int, float]]:
-        width = xs[k] - (xs[k - 1] if k > 0 else 0.0)
-        terms = [(k, 1.0 / width)]
-        if k > 0:
-            terms.append((k - 1, -1.0 / width))
-        return terms
-
-    for k in range(1, m):  # slope_k <= slope_{k-1}
-        add(slope_terms(k) + [(c, -v) for c, v in slope_terms(k - 1)], 0.0)
-    add([(c, -v) for c, v in slope_terms(m - 1)], 0.0)  # last slope >= 0: non-decreasing
-    matrix = coo_matrix((vals, (rows, cols)), shape=(row, 2 * m)).tocsr()
-    cost = np.concatenate([np.zeros(m), weights])
-    # Bending costs: the slopes only ever fall, so their total fall is s_1 − s_m; charging
-    # it keeps noise from putting a kink in a straight curve (and flattening the line the
-    # policy extrapolates along) unless the data really saturates.
-    bend = BEND_PENALTY * float(weights.sum()) * float(xs[-1])
-    for col, val in slope_terms(0):
-        cost[col] += bend * val
-    for col, val in slope_terms(m - 1):
-        cost[col] -= bend * val
-    result = linprog(cost, A_ub=matrix, b_ub=np.array(rhs), bounds=[(0, None)] * (2 * m), method="highs")
-    if result.status != 0:  # cannot happen for finite data: f = 0 is feasible and the cost is bounded
-        raise RuntimeError(f"concave regression failed: {result.message}")
-    return np.maximum(result.x[:m], 0.0)
+    return sorted(kept.items())
 
 
 def concave_lines(points: Sequence[Point]) -> tuple[Line, ...]:
@@ -211,20 +132,6 @@ def concave_lines(points: Sequence[Point]) -> tuple[Line, ...]:
             break
         lines.append((y1 - slope * x1, slope))
     return tuple(lines)
-
-
-def _knots(lines: Sequence[Line], last_cores: float) -> tuple[Point, ...]:
-    """The knots of a concave curve given by its lines, up to ``last_cores``: where
-    consecutive lines cross, then the curve's value at ``last_cores``."""
-    knots: list[Point] = []
-    for (a0, s0), (a1, s1) in zip(lines, lines[1:]):
-        if s0 - s1 <= 1e-12 * max(abs(s0), 1.0):
-            continue  # parallel up to rounding: no knot between them
-        cores = (a1 - a0) / (s0 - s1)
-        if (knots[-1][0] if knots else 0.0) < cores < last_cores:
-            knots.append((cores, evaluate_lines(lines, cores)))
-    knots.append((last_cores, evaluate_lines(lines, last_cores)))
-    return tuple(knots)
 
 
 def _not_concave(a: Point, b: Point, c: Point) -> bool:

@@ -19,7 +19,16 @@ from typing import Mapping, Sequence
 
 from controller.policies import lp
 from controller.policies.base import Allocation, JobAllocation, JobView, NodeResources
-from controller.policies.shares import JobModel, allocations, floors, managed_bandwidth, model_of, spread
+from controller.policies.shares import (
+    SATISFIED,
+    JobModel,
+    allocations,
+    floors,
+    managed_bandwidth,
+    model_of,
+    predicted_objective,
+    spread,
+)
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +63,8 @@ class AdaptivePolicy:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s: models behind the new allocation: %s", self.name, "; ".join(
                 f"{job.name} w={weights[job.job_id]:.3g} M={m.max_throughput:.0f}/s "
-                f"saturates at {m.cores_to_saturate():.2f} cores, given {target[job.job_id].cores:.2f}"
-                f" -> busy {m.busy(target[job.job_id].cores or 0.0, target[job.job_id].read_bps):.2f}"
+                f"needs {m.cores_to_saturate():.2f} cores, quota {_cores(target[job.job_id].cores)} "
+                f"workers {target[job.job_id].workers}"
                 if (m := models.get(job.job_id)) else f"{job.name}: not measured yet"
                 for job in jobs
             ))
@@ -92,13 +101,14 @@ class AdaptivePolicy:
         free_cores = node.cores - sum(reserved_cores.values())
         free_io = bandwidth - sum(reserved_io.values())
         solution = lp.solve(demands, free_cores, free_io if manage_io else None)
-        cores = spread(node.cores, {**reserved_cores, **solution.cores})
         read_bps = None
         if manage_io:
             read_bps = spread(bandwidth, {**reserved_io, **solution.read_bps}, floor=io_floor)
+        satisfied = frozenset(job_id for job_id, busy in solution.busy.items() if busy >= SATISFIED)
         readers = frozenset(job_id for job_id, model in models.items() if model.is_reader)
         return allocations(
-            node, jobs, cores, read_bps, readers, self.workers_per_core, self.reader_workers_per_core
+            node, jobs, {**reserved_cores, **solution.cores}, read_bps, satisfied, readers,
+            self.workers_per_core, self.reader_workers_per_core,
         )
 
     def _keep_current(
@@ -109,30 +119,20 @@ class AdaptivePolicy:
         weights: Mapping[str, float],
         target: Allocation,
     ) -> bool:
-        """True when the current allocation is complete, fits the node, and the target is
-        not predicted to beat it by more than the threshold."""
-        current = [job.current for job in jobs]
-        if any(a.cores is None or a.workers is None for a in current):
+        """True when every job has an allocation from this kind of policy, the quotas fit
+        the node, and the target is not predicted to beat the current one by more than
+        the threshold."""
+        current = {job.job_id: job.current for job in jobs}
+        if any(a.workers is None for a in current.values()):
             return False  # a job arrived, or the previous policy left things unmanaged
-        total = sum(a.cores for a in current if a.cores is not None)
-        if total > node.cores + 1e-6 or total < 0.98 * node.cores:
-            return False  # node changed, or a job left and its cores sit idle
-        if any(a.cores is not None and a.cores < node.min_cores_per_job - 1e-9 for a in current):
+        quotas = [a.cores for a in current.values() if a.cores is not None]
+        if sum(quotas) > node.cores + 1e-6 or any(c < node.min_cores_per_job - 1e-9 for c in quotas):
             return False
-        manage_io = managed_bandwidth(node) is not None
-        if manage_io and any(a.read_bps is None for a in current):
+        if managed_bandwidth(node) is not None and any(a.read_bps is None for a in current.values()):
             return False
+        now = predicted_objective(node, jobs, models, weights, current)
+        return predicted_objective(node, jobs, models, weights, target) <= now * (1.0 + self.gain_threshold) + 1e-9
 
-        def objective(allocation: Mapping[str, JobAllocation]) -> float:
-            value = 0.0
-            for job in jobs:
-                model = models.get(job.job_id)
-                if model is None:
-                    continue
-                given = allocation[job.job_id]
-                cores = given.cores if given.cores is not None else node.cores
-                value += weights[job.job_id] * model.busy(cores, given.read_bps if manage_io else None)
-            return value
 
-        now = objective({job.job_id: job.current for job in jobs})
-        return objective(target) <= now * (1.0 + self.gain_threshold) + 1e-9
+def _cores(value: float | None) -> str:
+    return "none" if value is None else f"{value:.2f}"

@@ -14,8 +14,8 @@ File format::
                              "loading_curve": [[cores, samples_per_s], ...],
                              "bytes_per_sample": 0.0}}}
 
-``loading_curve`` is the rate against cores *used*; like adaptive's models, it is
-turned into the rate against the CPU quota with shares.with_quota_knee.
+``loading_curve`` is the rate against cores *used*; it is planned with the same
+margin, and turned into limits the same way, as adaptive's (controller/policies/shares.py).
 
 Jobs the file does not name get an even share of what is left.
 """
@@ -29,7 +29,15 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from controller.policies.base import Allocation, JobView, NodeResources, PolicyError
-from controller.policies.shares import JobModel, allocations, floors, managed_bandwidth, spread, with_quota_knee
+from controller.policies.shares import (
+    SATISFIED,
+    JobModel,
+    allocations,
+    floors,
+    managed_bandwidth,
+    spread,
+    with_plan_margin,
+)
 from throughput_model.curves import concave_lines
 
 CURVES_VAR = "ADLOADER_ORACLE_CURVES"
@@ -41,7 +49,7 @@ def load_true_curves(path: str | os.PathLike[str]) -> dict[str, JobModel]:
         data = json.loads(Path(path).read_text())
         models = {}
         for name, entry in data["jobs"].items():
-            models[name] = with_quota_knee(JobModel(
+            models[name] = with_plan_margin(JobModel(
                 max_throughput=float(entry["max_throughput"]),
                 lines=concave_lines([(float(c), float(s)) for c, s in entry["loading_curve"]]),
                 bytes_per_sample=float(entry.get("bytes_per_sample", 0.0)),
@@ -109,14 +117,17 @@ class OraclePolicy:
         best_cores, best_io = _best_static_split(
             models, weights, core_floor, io_floor, spare_cores, spare_io, self.steps
         )
+        satisfied = set()
         for job, c, b in zip(known, best_cores, best_io):
             cores[job.job_id] = c
             io[job.job_id] = b
-        cores = spread(node.cores, cores)
+            if self.curves[job.name].busy(c, b if spare_io is not None else None) >= SATISFIED:
+                satisfied.add(job.job_id)
         read_bps = spread(bandwidth, io, floor=io_floor) if bandwidth is not None else None
         readers = frozenset(job.job_id for job in known if self.curves[job.name].is_reader)
         return allocations(
-            node, jobs, cores, read_bps, readers, self.workers_per_core, self.reader_workers_per_core
+            node, jobs, cores, read_bps, frozenset(satisfied), readers,
+            self.workers_per_core, self.reader_workers_per_core,
         )
 
 

@@ -1,6 +1,17 @@
 """What the model-driven policies (adaptive, jct, oracle) share once they know each
 job's need: reserving an even share for jobs not yet measured, handing out the
-cores and bandwidth nobody needs as headroom, and turning cores into workers.
+cores and bandwidth nobody needs as headroom, and turning a plan into limits.
+
+How a plan becomes limits: a CPU quota keeps a job's GPU fed only well above the
+job's mean CPU use. Loaders work in bursts, and once a burst spends the period's
+quota (CFS bandwidth control) every thread of the job, the one feeding the GPU
+included, waits for the next period. Measured here (a 224 px JPEG job using 0.69
+cores on average when unthrottled): quota 0.6 -> 78% of its max rate, 0.8 -> 85%,
+1.0 -> 97%. So a job the plan fully satisfies gets no quota at all: its worker
+count (BURST_HEADROOM times its planned cores) bounds it, and the kernel's fair
+share serves its bursts. Only the jobs the plan cannot satisfy, which use every
+cycle they get, are held to their share by a quota, so they cannot take what the
+satisfied jobs need. A satisfied job is planned PLAN_MARGIN above its mean use.
 """
 from __future__ import annotations
 
@@ -15,15 +26,11 @@ READER_BYTES_PER_S = 1e6
 """A job reading at least this much from the managed device (at full speed) counts as a
 reader: its workers block on I/O, so it gets more workers per core."""
 
-BURST_HEADROOM = 1.45
-"""A CPU quota keeps a job's GPU fed only well above the job's mean CPU use: loaders
-work in bursts, and once a burst spends the period's quota (CFS bandwidth control)
-every thread of the job, the one feeding the GPU included, waits for the next
-period. Measured here (bench, a 224 px JPEG job using 0.69 cores on average when
-unthrottled): quota 0.6 -> 78% of its max rate, 0.8 -> 85%, 1.0 -> 97%. So the
-quota that saturates a job is taken as this factor times the cores its curve says
-it uses, reached along a line from 70% of M (the knee) on."""
-KNEE = 0.7
+BURST_HEADROOM = 1.5
+"""Workers of a job without a quota: this many times its planned cores (see above)."""
+PLAN_MARGIN = 1.15
+"""Cores planned for a satisfied job, relative to its mean use at full rate."""
+SATISFIED = 0.999
 
 IO_FLOOR_FRACTION = 0.01
 """Each job keeps at least this fraction of the bandwidth, so a job that starts reading
@@ -76,20 +83,14 @@ def model_of(job: JobView) -> JobModel | None:
     if not lines:
         return None
     b = job.bytes_per_sample if job.bytes_per_sample and job.bytes_per_sample > 0 else 0.0
-    return with_quota_knee(JobModel(max_throughput=float(m), lines=lines, bytes_per_sample=float(b)))
+    return with_plan_margin(JobModel(max_throughput=float(m), lines=lines, bytes_per_sample=float(b)))
 
 
-def with_quota_knee(model: JobModel, headroom: float = BURST_HEADROOM) -> JobModel:
-    """The job's rate as a function of its CPU *quota*: its loading curve (rate against
-    cores used), bent from KNEE·M so that it reaches M only at ``headroom`` times the
-    cores it uses there (see BURST_HEADROOM)."""
-    used = model.cores_to_saturate()
-    if not math.isfinite(used) or used <= 0 or headroom <= 1.0:
-        return model
-    m = model.max_throughput
-    slope = m * (1.0 - KNEE) / ((headroom - KNEE) * used)
-    knee_line = (KNEE * m - slope * KNEE * used, slope)
-    return JobModel(max_throughput=m, lines=model.lines + (knee_line,), bytes_per_sample=model.bytes_per_sample)
+def with_plan_margin(model: JobModel, margin: float = PLAN_MARGIN) -> JobModel:
+    """The model a plan uses: the loading curve stretched so that every rate costs
+    ``margin`` times the cores the job was seen using for it."""
+    lines = tuple((intercept, slope / margin) for intercept, slope in model.lines)
+    return JobModel(max_throughput=model.max_throughput, lines=lines, bytes_per_sample=model.bytes_per_sample)
 
 
 def floors(node: NodeResources, jobs: int) -> tuple[float, float]:
@@ -129,20 +130,61 @@ def allocations(
     jobs: Sequence[JobView],
     cores: Mapping[str, float],
     read_bps: Mapping[str, float] | None,
+    satisfied: frozenset[str],
     readers: frozenset[str],
     workers_per_core: float,
     reader_workers_per_core: float,
 ) -> dict[str, JobAllocation]:
-    """JobAllocations from cores and bandwidth: the whole managed cpuset for everyone (the
-    quota splits it), workers following cores, more per core for jobs that read."""
+    """JobAllocations from a plan (see the module docstring): the whole managed cpuset for
+    everyone; ``satisfied`` jobs no quota and BURST_HEADROOM times their planned cores in
+    workers, the others their planned cores as a quota plus whatever the satisfied jobs
+    were not planned to need, in proportion, and workers following that quota; more
+    workers per core for jobs that read."""
+    capped = {job.job_id: cores[job.job_id] for job in jobs if job.job_id not in satisfied}
+    spare = node.cores - sum(cores[job.job_id] for job in jobs)
+    quotas = spread(sum(capped.values()) + max(0.0, spare), capped) if capped else {}
     result: dict[str, JobAllocation] = {}
     for job in jobs:
-        c = min(node.cores, max(node.min_cores_per_job, cores[job.job_id]))
         k = reader_workers_per_core if job.job_id in readers else workers_per_core
+        if job.job_id in quotas:
+            quota: float | None = min(node.cores, max(node.min_cores_per_job, quotas[job.job_id]))
+            span = quota
+        else:
+            quota, span = None, min(node.cores, BURST_HEADROOM * cores[job.job_id])
         result[job.job_id] = JobAllocation(
-            cores=math.floor(c * 1e4) / 1e4,  # rounded down: the sum never exceeds the node
+            cores=None if quota is None else math.floor(quota * 1e4) / 1e4,  # rounded down: never over the node
             cpus=node.cpus,
             read_bps=None if read_bps is None else max(1, int(read_bps[job.job_id])),
-            workers=workers_for_cores(c / max(1, job.ranks), k, limit=node.max_workers_per_job),
+            workers=workers_for_cores(span / max(1, job.ranks), k, limit=node.max_workers_per_job),
         )
     return result
+
+
+def predicted_objective(
+    node: NodeResources,
+    jobs: Sequence[JobView],
+    models: Mapping[str, JobModel],
+    weights: Mapping[str, float],
+    allocation: Mapping[str, JobAllocation],
+) -> float:
+    """Σ w·busy the models predict for ``allocation``: a job with a quota gets it; the
+    jobs without share what the quotas leave, in proportion to what each needs."""
+    quotas = sum(a.cores for a in allocation.values() if a.cores is not None)
+    free = {j.job_id: models[j.job_id].cores_to_saturate() for j in jobs
+            if j.job_id in models and allocation[j.job_id].cores is None}
+    left = max(0.0, node.cores - quotas)
+    need = sum(v for v in free.values() if math.isfinite(v))
+    value = 0.0
+    for job in jobs:
+        model = models.get(job.job_id)
+        if model is None:
+            continue
+        given = allocation[job.job_id]
+        if given.cores is not None:
+            cores = given.cores
+        elif need > 0 and math.isfinite(free[job.job_id]):
+            cores = left * min(1.0, free[job.job_id] / need) if need > left else free[job.job_id]
+        else:
+            cores = left / max(1, len(free))
+        value += weights[job.job_id] * model.busy(cores, given.read_bps if managed_bandwidth(node) else None)
+    return value

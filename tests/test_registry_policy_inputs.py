@@ -1,16 +1,20 @@
-"""A job's declared length reaches the jct policy: ``adloader run --samples N`` ->
-Register.samples -> the registry's remaining samples, counted down by the reports."""
+"""What the registry hands the policies beyond the windowed rates: a job's declared
+length for jct (``adloader run --samples N`` -> Register.samples -> remaining samples,
+counted down by the reports) and M measured over each rank's whole run."""
 from __future__ import annotations
 
 import argparse
+
+import pytest
 
 from adloader import protocol
 from controller.registry import Registry
 from launcher import cli as launcher_cli
 
 
-def _report(rank: int, samples: int) -> protocol.Report:
-    return protocol.Report(job_id="j1", rank=rank, world_size=2, batch_size=32, samples=samples)
+def _report(rank: int, samples: int, batches: int = 0, compute_s: float = 0.0) -> protocol.Report:
+    return protocol.Report(job_id="j1", rank=rank, world_size=2, batch_size=32, samples=samples,
+                           batches=batches, compute_s=compute_s)
 
 
 def test_register_carries_the_length_and_old_messages_still_decode() -> None:
@@ -38,3 +42,17 @@ def test_remaining_samples_count_down_over_all_ranks() -> None:
     assert registry.views({})[0].remaining_samples == 0  # never negative
     registry.register("j2", name="other", uid=0, gpus=1, launcher_pid=2, cgroup="/cg/j2")
     assert next(v for v in registry.views({}) if v.job_id == "j2").remaining_samples is None
+
+
+def test_m_is_measured_over_each_ranks_whole_run_once_it_has_run_a_few_steps() -> None:
+    clock = [100.0]
+    registry = Registry(window_s=5.0, clock=lambda: clock[0], wall_clock=lambda: 1.7e9)
+    registry.register("j1", name="bert", uid=0, gpus=2, launcher_pid=1, cgroup="/cg/j1")
+    registry.record_report("j1", _report(0, 96, batches=3, compute_s=0.2))
+    assert registry.views({})[0].max_throughput is None  # warm-up: not measured yet
+    # a starved rank: one step every two seconds; its 5 s window would hold two or three of them
+    for step in range(4, 12):
+        clock[0] += 2.0
+        registry.record_report("j1", _report(0, 32 * step, batches=step, compute_s=0.1 * step))
+    registry.record_report("j1", _report(1, 640, batches=20, compute_s=1.0))
+    assert registry.views({})[0].max_throughput == pytest.approx(32 * 11 / 1.1 + 640 / 1.0)
