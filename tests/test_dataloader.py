@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import BatchSampler, Dataset, IterableDataset, RandomSampler, SequentialSampler, get_worker_info
 
 from adloader import DataLoader
-from adloader.dataloader import BadLoaderState, PoisonBatchError, UnsupportedOption, WorkerDiedWarning
+from adloader.dataloader import BadLoaderState, BadWorkerCount, PoisonBatchError, UnsupportedOption, WorkerDiedWarning
 from adloader.dataloader.stats import LoaderCounters, StepTimer
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
@@ -141,7 +141,7 @@ def test_unsupported_options_are_rejected_with_a_reason() -> None:
         DataLoader(Indices(4), shuffle=True, sampler=SequentialSampler(range(4)))
     loader = DataLoader(Indices(4))
     for bad in (-1, 5000, 1.5, "2"):
-        with pytest.raises(ValueError):
+        with pytest.raises(BadWorkerCount):
             loader.set_num_workers(bad)
 
 

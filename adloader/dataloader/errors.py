@@ -12,6 +12,10 @@ class UnsupportedOption(LoaderError, ValueError):
     """A torch DataLoader option this loader does not support (see docs/dataloader.md)."""
 
 
+class BadWorkerCount(LoaderError, ValueError):
+    """set_num_workers() was given something that is not a worker count."""
+
+
 class PoisonBatchError(LoaderError):
     """One batch killed every worker that tried to load it."""
 

@@ -25,7 +25,7 @@ from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory
 
 from adloader import reporter
 from adloader.dataloader.dispatcher import Pool
-from adloader.dataloader.errors import BadLoaderState, UnsupportedOption
+from adloader.dataloader.errors import BadLoaderState, BadWorkerCount, UnsupportedOption
 from adloader.dataloader.fetch import FetchSpec
 from adloader.dataloader.iterator import LoaderIterator, LocalLoading, Source
 from adloader.dataloader.seeding import draw_base_seed, isolated_global_rng
@@ -112,9 +112,9 @@ class DataLoader(torch.utils.data.DataLoader):
         try:
             n = operator.index(n)
         except TypeError:
-            raise ValueError(f"num_workers must be an integer, got {type(n).__name__}") from None
+            raise BadWorkerCount(f"num_workers must be an integer, got {type(n).__name__}") from None
         if not 0 <= n <= MAX_WORKERS:
-            raise ValueError(f"num_workers must be between 0 and {MAX_WORKERS}, got {n}")
+            raise BadWorkerCount(f"num_workers must be between 0 and {MAX_WORKERS}, got {n}")
         with self._lock:
             self.__dict__["_target"] = n
             pool = self._pool
