@@ -2,12 +2,17 @@
 loader counters, follows the controller's worker target, and rides out a controller restart."""
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+
+from adloader import DataLoader
+from adloader.reporter import Reporter
 
 from fixtures.managed import REPO, ControllerProcess, base_environment, wait_until
 
@@ -70,3 +75,37 @@ def test_with_no_controller_listening_training_runs_and_says_so_once(tmp_path: P
     result = json.loads((tmp_path / "rank0.json").read_text())
     assert result["num_workers"] == 2, "with nobody to ask, the loader keeps its configured count"
     assert all(epoch == list(range(400)) for epoch in result["epochs"])
+
+
+class Numbers(torch.utils.data.Dataset):
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        return i
+
+
+def test_several_loaders_are_summed_and_the_last_active_one_speaks(tmp_path: Path) -> None:
+    reporter = Reporter(str(tmp_path / "nobody.sock"), "job-x", rank=1, world_size=2, interval=60.0)
+    train = DataLoader(Numbers(40), batch_size=4, num_workers=1)
+    val = DataLoader(Numbers(10), batch_size=5, num_workers=0)
+    try:
+        reporter.add(train)
+        reporter.add(val)
+        list(train)
+        first = reporter.build_report()
+        assert (first.batches, first.samples, first.batch_size, first.rank, first.world_size) == (10, 40, 4, 1, 2)
+        list(val)
+        second = reporter.build_report()
+        assert (second.batches, second.samples, second.batch_size) == (12, 50, 5), "val is the active loader now"
+        assert second.worker_cpu_s >= first.worker_cpu_s > 0 and second.data_wait_s >= first.data_wait_s
+        del val
+        gc.collect()
+        third = reporter.build_report()
+        assert (third.batches, third.samples) == (12, 50), "a finished loader's counts stay in the sums"
+        assert third.batch_size == 4, "the surviving loader speaks again"
+    finally:
+        reporter.stop()
