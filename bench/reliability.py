@@ -91,28 +91,28 @@ LOST_KINDS = {
 
 
 @contextmanager
-def fresh_node(cpus: str = "0", tmpfs_state: bool = False) -> Iterator[Node]:
-    """A new controller (``--policy even --cpus CPUS``) with its own socket, state and group;
+def fresh_node(cpus: str = "0", tmpfs_state: bool = False, policy: str = "even") -> Iterator[Node]:
+    """A new controller (``--policy POLICY --cpus CPUS``) with its own socket, state and group;
     everything it and its jobs leave is removed afterwards."""
     from tests.fixtures.managed import Cleanup, base_environment
 
     cleanup = Cleanup()
     try:
-        controller = cleanup.new_controller(("--policy", "even", "--cpus", cpus), PERIOD, base_environment())
+        controller = cleanup.new_controller(("--policy", policy, "--cpus", cpus), PERIOD, base_environment())
         controller.start()
         count = len(parse_cpus(cpus))
         if tmpfs_state:
             controller.kill()
             with small_tmpfs(controller.state_dir):
                 controller.start()
-                node = Node(controller, cpus=count)
+                node = Node(controller, cpus=count, policy=policy)
                 try:
                     yield node
                 finally:
                     node.close()
                     controller.kill()
         else:
-            node = Node(controller, cpus=count)
+            node = Node(controller, cpus=count, policy=policy)
             try:
                 yield node
             finally:
@@ -216,7 +216,9 @@ def run_malformed(scale: Scale, seed: int) -> dict[str, Any]:
 
 
 def run_clients(scale: Scale) -> dict[str, Any]:
-    with fresh_node() as node:
+    """The load phase runs under ``--policy static`` (no quota): the load jobs' own clients must
+    not be throttled by the split, or their CPU quota would show up as reply latency."""
+    with fresh_node(cpus="0-1", policy="static") as node:
         report = run_load(node, scale.load_jobs, scale.load_connections, scale.load_seconds, scale.cycles,
                           scale.slow_clients)
         _, left = node.wait_consistent(SETTLE_S)
@@ -302,8 +304,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     scale = QUICK if args.quick else FULL
     started = time.monotonic()
 
+    phases: dict[str, list[float]] = {}
+
     def log(text: str) -> None:
-        print(f"[{time.monotonic() - started:6.0f}s] {text}", file=sys.stderr, flush=True)
+        phases[text] = [round(x, 2) for x in os.getloadavg()]
+        print(f"[{time.monotonic() - started:6.0f}s] {text} (load average {phases[text][0]})", file=sys.stderr,
+              flush=True)
 
     faults = run_faults(scale, random.Random(args.seed), log)
     log("malformed input")
@@ -312,7 +318,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     load = run_clients(scale)
     result = {
         "benchmark": "reliability", "quick": args.quick, "seed": args.seed, "scale": asdict(scale),
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+                    "load_average_at_phase_start": phases, "load_average_at_end": os.getloadavg()},
         "period_s": PERIOD, "duration_s": round(time.monotonic() - started, 1),
         "summary": summarise(faults, malformed, load), "faults": faults, "malformed": malformed, "load": load,
     }

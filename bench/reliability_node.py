@@ -14,7 +14,7 @@ The invariants (``docs/reliability.md`` explains why each one matters):
   * every process of a job we started that is inside one of our groups is in the group
     of a listed job (every live job adopted);
   * each listed job's limits in the kernel are the ones the controller reports, and the
-    policy's (``--policy even``: ``max(0.1, cores / jobs)`` each);
+    policy's (``--policy even``: ``max(0.1, cores / jobs)`` each; ``static``: no quota);
   * the other owner's cgroup keeps its values and its process.
 """
 from __future__ import annotations
@@ -164,7 +164,9 @@ class Node:
 
     controller: ControllerHandle
     cpus: int = 1
-    """How many CPUs the controller was given (``--cpus``): the even policy splits them."""
+    """How many CPUs the controller was given (``--cpus 0`` or ``0-1``): the even policy splits them."""
+    policy: str = "even"
+    """The controller's ``--policy``: "even", or "static" (no quota at all)."""
     rng: random.Random = field(default_factory=lambda: random.Random(8))
     jobs: list[TrackedJob] = field(default_factory=list)
     foreign: ForeignGroup | None = None
@@ -321,16 +323,17 @@ class Node:
 
     def _limit_violations(self, status: NodeSnapshot, group_dirs: dict[str, Path]) -> list[str]:
         found = []
-        want = max(MIN_CORES, self.cpus / len(status.jobs)) if status.jobs else None
+        want = max(MIN_CORES, self.cpus / len(status.jobs)) if status.jobs and self.policy == "even" else None
         for job in status.jobs:
-            if job.cores is None or abs(job.cores - want) > 1e-6:
-                found.append(f"job {job.job_id}: the controller says {job.cores} cores, the even policy gives {want}")
+            if (job.cores is None) != (want is None) or (want is not None and abs(job.cores - want) > 1e-6):
+                found.append(f"job {job.job_id}: the controller says {job.cores} cores, the {self.policy} policy "
+                             f"gives {want}")
             try:
                 quota = int((group_dirs["cpu"] / job.job_id / "cpu.cfs_quota_us").read_text())
                 cpus = (group_dirs["cpuset"] / job.job_id / "cpuset.cpus").read_text().strip()
             except (FileNotFoundError, ValueError):
                 continue  # reported above as a missing group
-            if job.cores is not None and quota != round(job.cores * 100_000):
+            if quota != (-1 if job.cores is None else round(job.cores * 100_000)):
                 found.append(f"job {job.job_id}: kernel quota {quota} us, not the {job.cores} cores the controller "
                              "reports: its limits were not restored")
             if job.cpus is not None and cpus != _format_cpus(job.cpus):

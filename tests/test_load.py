@@ -17,7 +17,8 @@ from fixtures.managed import ControllerProcess
 
 @pytest.fixture
 def node(start_controller: Callable[..., ControllerProcess]) -> Iterator[Node]:
-    node = Node(start_controller("--policy", "even", "--cpus", "0"))
+    """Policy static (no quota): the load jobs' own clients are not throttled by a CPU split."""
+    node = Node(start_controller("--policy", "static", "--cpus", "0-1"), cpus=2, policy="static")
     yield node
     node.close()
 
