@@ -79,9 +79,14 @@ class LiveLine:
             if job is None or job.achieved_sps is None:
                 parts.append(f"{name} starting")
                 continue
-            cores = f"{job.cores:.2f}c" if job.cores is not None else "-c"
+            if job.cores is not None:
+                cpu = f"quota {job.cores:.2f}"
+            elif job.cpu_weight is not None:
+                cpu = f"weight {job.cpu_weight}"
+            else:
+                cpu = "fair share"
             busy = f"{1 - job.gpu_idle_ratio:.0%}" if job.gpu_idle_ratio is not None else "-"
-            parts.append(f"{name} {cores} busy {busy}")
+            parts.append(f"{name} {cpu} busy {busy}")
         line = f"  {elapsed:5.1f}s  " + " | ".join(parts)
         if self.tty:
             sys.stdout.write("\r" + line[: self.width - 1].ljust(self.width - 1))

@@ -9,9 +9,9 @@ Per run (all numbers GPU-emulated: a job's GPU step is a sleep):
 - ``mean_jct_s``: mean of (exit − arrival) over jobs;
 - ``controller_cpu_pct``: the controller's CPU time / run wall time, % of one core;
 - ``settle_s``: after each arrival (a job's first report: before it, nothing about it
-  is known) or departure, how long until no job's cores or workers moved any more
-  (cores by more than 0.05; "no quota" counts as a value) before the next event; the
-  largest is reported.
+  is known) or departure, how long until no job's allocation moved any more before
+  the next event: its workers, its quota or its CPU weight (by more than 0.05 cores,
+  a weight of 100 being one core; "none" counts as a value); the largest is reported.
 
 A policy's figure is the median over its repeats.
 """
@@ -60,9 +60,9 @@ def score_run(run: RunOutcome) -> dict[str, Any]:
         "settle_s": max(settle) if settle else 0.0,
         "settle_events_s": settle,
         "jobs": jobs,
-        "allocations": [[t, {name: [f.get("cores"), f.get("workers"), f.get("read_bps")] for name, f in js.items()}]
-                        for t, js in run.samples],
-        "allocations_fields": ["cores", "workers", "read_bps"],
+        "allocations": [[t, {name: [f.get("cores"), f.get("cpu_weight"), f.get("workers"), f.get("read_bps")]
+                             for name, f in js.items()}] for t, js in run.samples],
+        "allocations_fields": ["cores", "cpu_weight", "workers", "read_bps"],
     }
 
 
@@ -70,7 +70,7 @@ def settle_times(run: RunOutcome) -> list[float]:
     """For each change of the job set seen in the status samples, seconds until the
     allocation stopped moving (cores within SETTLE_CORES of their final value before
     the next change of the job set)."""
-    samples = [(t, {name: (f.get("cores"), f.get("workers")) for name, f in jobs.items()},
+    samples = [(t, {name: (f.get("cores"), f.get("workers"), f.get("cpu_weight")) for name, f in jobs.items()},
                 {name for name, f in jobs.items() if f.get("state", "running") == "running"})
                for t, jobs in run.samples]
     events = [i for i in range(1, len(samples)) if samples[i][2] != samples[i - 1][2]]
@@ -91,13 +91,21 @@ def settle_times(run: RunOutcome) -> list[float]:
     return result
 
 
-def _moved(value: tuple[float | None, int | None] | None, final: tuple[float | None, int | None]) -> bool:
+Given = tuple[float | None, int | None, int | None]
+"""(quota cores, workers, CPU weight) of a job in one status sample."""
+
+
+def _moved(value: Given | None, final: Given) -> bool:
     if value is None:
         return True
-    (cores, workers), (final_cores, final_workers) = value, final
-    if workers != final_workers or (cores is None) != (final_cores is None):
+    if value[1] != final[1]:
         return True
-    return cores is not None and final_cores is not None and abs(cores - final_cores) > SETTLE_CORES
+    for now, then, per_core in ((value[0], final[0], 1.0), (value[2], final[2], 100.0)):
+        if (now is None) != (then is None):
+            return True
+        if now is not None and then is not None and abs(now - then) / per_core > SETTLE_CORES:
+            return True
+    return False
 
 
 def summarise(runs: Iterable[RunOutcome]) -> dict[str, dict[str, Any]]:

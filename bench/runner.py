@@ -228,7 +228,8 @@ def _status(socket_path: Path) -> NodeSnapshot | None:
 
 
 def _job_fields(job) -> dict:
-    return {"cores": job.cores, "workers": job.workers_target, "read_bps": job.read_bps, "state": job.state,
+    return {"cores": job.cores, "cpu_weight": job.cpu_weight, "workers": job.workers_target,
+            "read_bps": job.read_bps, "state": job.state,
             "achieved_sps": job.achieved_sps, "data_wait_ratio": job.data_wait_ratio}
 
 

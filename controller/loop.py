@@ -110,7 +110,8 @@ def _reason(events: set[str]) -> str:
 def describe_change(old: JobAllocation, new: JobAllocation) -> str:
     """"cores 1.00 -> 0.50, workers 2 -> 1": the fields that differ, for the decision log."""
     parts = []
-    for field_, fmt in (("cores", _cores), ("cpus", format_cpus), ("read_bps", _bps), ("workers", str)):
+    for field_, fmt in (("cores", _cores), ("cpu_weight", str), ("cpus", format_cpus), ("read_bps", _bps),
+                        ("workers", str)):
         before, after = getattr(old, field_), getattr(new, field_)
         if before != after:
             parts.append(f"{field_} {_or_unset(before, fmt)} -> {_or_unset(after, fmt)}")

@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 class Change:
     job_id: str
     field: str
-    """"cores", "cpus" or "read_bps"."""
+    """"cores", "cpu_weight", "cpus" or "read_bps"."""
     old: Any
     new: Any
 
@@ -82,6 +82,8 @@ def _enforceable_fields(
     fields: list[tuple[str, Any, Callable[[Any], None]]] = []
     if "cpu_quota" in backend.capabilities:
         fields.append(("cores", want.cores, lambda cores: backend.set_cpu_quota(job_id, cores)))
+    if "cpu_weight" in backend.capabilities:
+        fields.append(("cpu_weight", want.cpu_weight, lambda weight: backend.set_cpu_weight(job_id, weight)))
     if "cpuset" in backend.capabilities:
         # The managed CPUs always confine jobs: "no cpuset wanted" means all of them, not the whole machine.
         cpus = tuple(sorted(set(want.cpus if want.cpus is not None else node.cpus)))

@@ -350,7 +350,7 @@ class Registry:
             launcher_pid=job.launcher_pid, pids=tuple(sorted(pids)), cgroup=job.cgroup,
             registered_at=job.registered_at, ranks_reporting=self._ranks_reporting(job),
             batch_size=latest[0].batch_size if latest else None,
-            cores=alloc.cores, cpus=alloc.cpus, read_bps=alloc.read_bps,
+            cores=alloc.cores, cpu_weight=alloc.cpu_weight, cpus=alloc.cpus, read_bps=alloc.read_bps,
             workers_target=None if alloc.workers is None else alloc.workers * self._ranks(job),
             workers_running=sum(r.num_workers for r in latest), achieved_sps=rates.achieved,
             max_sps_predicted=job.predicted[0] if job.predicted else None,

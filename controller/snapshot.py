@@ -38,6 +38,7 @@ class JobSnapshot:
     ranks_reporting: int = 0
     batch_size: int | None = None
     cores: float | None = None
+    cpu_weight: int | None = None
     cpus: tuple[int, ...] | None = None
     read_bps: int | None = None
     workers_target: int | None = None

@@ -34,7 +34,7 @@ def backend(tree: Path) -> CgroupV2Backend:
 
 def test_capabilities_follow_the_controllers_the_root_offers(tmp_path: Path) -> None:
     full = CgroupV2Backend(GROUP, make_cgroup2_tree(tmp_path / "full", GROUP, []))
-    assert full.capabilities == {"groups", "cpu_accounting", "cpu_quota", "cpuset", "read_bps"}
+    assert full.capabilities == {"groups", "cpu_accounting", "cpu_quota", "cpu_weight", "cpuset", "read_bps"}
     bare = CgroupV2Backend(GROUP, make_cgroup2_tree(tmp_path / "bare", GROUP, ["job-a"], controllers="memory pids"))
     assert bare.capabilities == {"groups", "cpu_accounting"}
     with pytest.raises(BackendError, match=r"cpu controller is not offered in .*cgroup\.controllers"):

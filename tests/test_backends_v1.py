@@ -34,7 +34,7 @@ def _read(backend: CgroupV1Backend, hierarchy: str, job: str | None, name: str) 
 
 
 def test_create_makes_a_usable_group_in_every_hierarchy_and_is_idempotent(backend: CgroupV1Backend) -> None:
-    assert backend.capabilities == {"groups", "cpu_quota", "cpu_accounting", "cpuset", "read_bps"}
+    assert backend.capabilities == {"groups", "cpu_quota", "cpu_weight", "cpu_accounting", "cpuset", "read_bps"}
     path = backend.create("job-a")
     assert backend.create("job-a") == path == str(ROOT / "cpu" / backend.group / "job-a")
     for hierarchy in HIERARCHIES:

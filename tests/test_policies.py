@@ -11,7 +11,15 @@ import pytest
 from controller.policies import JobAllocation, JobView, NodeResources, PolicyError, make_policy, policy_names
 from controller.policies import lp
 from controller.policies.oracle import CURVES_VAR, OraclePolicy
-from controller.policies.shares import BURST_HEADROOM, PLAN_MARGIN, JobModel, model_of, predicted_objective
+from controller.policies.shares import (
+    BURST_HEADROOM,
+    PLAN_MARGIN,
+    WEIGHT_PER_CORE,
+    JobModel,
+    contended_cores,
+    model_of,
+    predicted_objective,
+)
 
 NODE = NodeResources(cpus=(0, 1, 2, 3), read_bps=400e6, read_device="254:0")
 
@@ -22,17 +30,16 @@ def job(job_id: str, gpus: int = 1, m: float = 100.0, p: float | None = None, **
     return JobView(job_id=job_id, name=f"name-{job_id}", gpus=gpus, max_throughput=m, loading_curve=curve, **fields)
 
 
-def busy(node: NodeResources, view: JobView, given: JobAllocation) -> float:
-    """Predicted busy fraction of a job with a quota."""
-    model = model_of(view)
-    assert model is not None and given.cores is not None
-    return model.busy(given.cores, given.read_bps)
-
-
 def objective(node: NodeResources, jobs: list[JobView], allocation: dict[str, JobAllocation]) -> float:
-    """Σ g·busy the models predict (jobs without a quota share what the quotas leave)."""
+    """Σ g·busy the models predict (the cores shared by CPU weight, up to each job's need)."""
     models = {j.job_id: m for j in jobs if (m := model_of(j)) is not None}
     return predicted_objective(node, jobs, models, {j.job_id: float(max(1, j.gpus)) for j in jobs}, allocation)
+
+
+def planned(given: JobAllocation) -> float:
+    """The cores a job was planned, from its CPU weight."""
+    assert given.cpu_weight is not None and given.cores is None  # weights, never quotas
+    return given.cpu_weight / WEIGHT_PER_CORE
 
 
 def test_every_policy_is_registered_and_an_unknown_name_says_which_exist() -> None:
@@ -54,36 +61,38 @@ def test_even_splits_cores_bandwidth_and_workers() -> None:
 
 
 def test_adaptive_feeds_the_job_with_more_gpus_first_when_cores_are_short() -> None:
-    # both need 4 cores to keep their GPUs busy (M·p = 4); the 4-GPU job is worth more per core
+    # both would use 4 cores to keep their GPUs busy (M·p = 4); the 4-GPU job is worth more per core
     big = job("big", gpus=4, m=400.0, p=0.01)
     small = job("small", gpus=1, m=400.0, p=0.01)
     allocation = make_policy("adaptive").allocate(NODE, [big, small])
-    assert allocation["big"].cores == pytest.approx(NODE.cores - NODE.min_cores_per_job, abs=1e-3)
-    assert allocation["small"].cores == pytest.approx(NODE.min_cores_per_job, abs=1e-3)
+    assert planned(allocation["big"]) == pytest.approx(NODE.cores - NODE.min_cores_per_job, abs=0.01)
+    assert planned(allocation["small"]) == pytest.approx(NODE.min_cores_per_job, abs=0.01)
 
 
-def test_jobs_that_fit_get_no_quota_only_workers_with_room_for_bursts() -> None:
+def test_jobs_that_fit_get_weights_in_proportion_to_need_and_workers_with_room_for_bursts() -> None:
     light = job("light", m=100.0, p=0.005)  # uses 0.5 cores at full rate
     heavy = job("heavy", m=100.0, p=0.015)  # 1.5 cores
     allocation = make_policy("adaptive").allocate(NODE, [light, heavy])
-    assert allocation["light"].cores is None and allocation["heavy"].cores is None
-    assert allocation["light"].workers == math.ceil(BURST_HEADROOM * PLAN_MARGIN * 0.5)
-    assert allocation["heavy"].workers == math.ceil(BURST_HEADROOM * PLAN_MARGIN * 1.5)
+    assert planned(allocation["heavy"]) == pytest.approx(3 * planned(allocation["light"]), rel=0.02)
+    assert planned(allocation["light"]) + planned(allocation["heavy"]) == pytest.approx(NODE.cores, abs=0.02)
+    for name in ("light", "heavy"):
+        assert allocation[name].workers == math.ceil(BURST_HEADROOM * allocation[name].cpu_weight / WEIGHT_PER_CORE)
     assert objective(NODE, [light, heavy], allocation) == pytest.approx(2.0)
 
 
-def test_a_job_that_cannot_be_satisfied_is_held_to_its_share_by_a_quota() -> None:
+def test_a_job_that_cannot_be_satisfied_gets_what_the_others_leave() -> None:
     light = job("light", m=100.0, p=0.005)
     hog = job("hog", m=1000.0, p=0.01)  # would use 10 cores
     allocation = make_policy("adaptive").allocate(NODE, [light, hog])
-    assert allocation["light"].cores is None
-    assert allocation["hog"].cores == pytest.approx(NODE.cores - PLAN_MARGIN * 0.5, abs=1e-3)
-    assert allocation["hog"].workers == math.ceil(allocation["hog"].cores)
+    assert planned(allocation["light"]) == pytest.approx(PLAN_MARGIN * 0.5, abs=0.01)
+    assert planned(allocation["hog"]) == pytest.approx(NODE.cores - PLAN_MARGIN * 0.5, abs=0.01)
+    cores = contended_cores(NODE.cores, {n: float(a.cpu_weight) for n, a in allocation.items()},
+                            {"light": 0.5, "hog": math.inf})
+    assert cores == pytest.approx({"light": 0.5, "hog": NODE.cores - 0.5})  # work-conserving
 
 
 def test_adaptive_beats_even_on_heterogeneous_jobs_by_its_own_model() -> None:
     jobs = [job("a", gpus=4, m=500.0, p=0.002), job("b", gpus=1, m=100.0, p=0.001), job("c", gpus=2, m=300.0, p=0.01)]
-
     assert objective(NODE, jobs, make_policy("adaptive").allocate(NODE, jobs)) > objective(
         NODE, jobs, make_policy("even").allocate(NODE, jobs))
 
@@ -91,16 +100,15 @@ def test_adaptive_beats_even_on_heterogeneous_jobs_by_its_own_model() -> None:
 def test_identical_starving_jobs_share_equally_so_the_answer_is_unique() -> None:
     jobs = [job(name, m=1000.0, p=0.01) for name in "abc"]
     allocation = make_policy("adaptive").allocate(NODE, jobs)
-    assert {round(a.cores, 3) for a in allocation.values()} == {round(NODE.cores / 3, 3)}
+    assert len({a.cpu_weight for a in allocation.values()}) == 1
 
 
 def test_a_job_not_yet_measured_gets_an_even_share_the_others_split_the_rest() -> None:
     newcomer = JobView(job_id="new", name="new", gpus=1)
     jobs = [job("a", m=100.0, p=0.05), job("b", m=100.0, p=0.05), newcomer]
     allocation = make_policy("adaptive").allocate(NODE, jobs)
-    assert allocation["new"].cores == pytest.approx(NODE.cores / 3, abs=1e-3)
-    assert allocation["a"].cores == pytest.approx(allocation["b"].cores, abs=1e-3)
-    assert sum(a.cores for a in allocation.values()) <= NODE.cores
+    assert planned(allocation["new"]) == pytest.approx(NODE.cores / 3, abs=0.01)
+    assert allocation["a"] == allocation["b"]
 
 
 def test_the_job_bound_by_reads_gets_the_bandwidth_and_more_workers_per_core() -> None:
@@ -112,8 +120,9 @@ def test_the_job_bound_by_reads_gets_the_bandwidth_and_more_workers_per_core() -
     assert min(a.read_bps for a in allocation.values()) > 0  # everyone keeps a floor
     even = make_policy("even").allocate(NODE, [reader, *others])
     assert objective(NODE, [reader], {"reader": allocation["reader"]}) > objective(NODE, [reader], {"reader": even["reader"]})
-    # a reader's workers block on I/O: twice as many per core
-    assert allocation["reader"].workers == math.ceil(2 * BURST_HEADROOM * PLAN_MARGIN * 200.0 * 0.001)
+    # same cores planned as the others, but its workers block on reads: more of them
+    assert allocation["reader"].cpu_weight == allocation["x"].cpu_weight
+    assert allocation["reader"].workers > allocation["x"].workers
 
 
 def test_bandwidth_is_left_alone_when_the_node_does_not_manage_it() -> None:
@@ -124,27 +133,29 @@ def test_bandwidth_is_left_alone_when_the_node_does_not_manage_it() -> None:
 
 def test_adaptive_keeps_the_current_allocation_when_the_gain_is_small() -> None:
     policy = make_policy("adaptive")
-    jobs = [job("a", m=100.0, p=0.02), job("b", m=100.0, p=0.03)]  # use 2 and 3 cores of 4
+    jobs = [job("a", gpus=4, m=100.0, p=0.01), job("b", m=1000.0, p=0.01)]  # a uses 1 core, b would use 10
     first = policy.allocate(NODE, jobs)
-    assert first["a"].cores is None and first["b"].cores is not None  # a fits, b gets the rest
     # measurements drift by 2%: the predicted gain of moving cores is under the threshold
-    drifted = [job("a", m=100.0, p=0.0204, current=first["a"]), job("b", m=100.0, p=0.0294, current=first["b"])]
+    drifted = [job("a", gpus=4, m=100.0, p=0.0102, current=first["a"]), job("b", m=1000.0, p=0.0098, current=first["b"])]
     assert policy.allocate(NODE, drifted) == first
-    # a real change (b got much cheaper, a much dearer) moves cores
-    changed = [job("a", m=100.0, p=0.04, current=first["a"]), job("b", m=100.0, p=0.01, current=first["b"])]
+    # a real change: a now needs three times more; b's weight would keep it from getting that
+    changed = [job("a", gpus=4, m=100.0, p=0.03, current=first["a"]), job("b", m=1000.0, p=0.01, current=first["b"])]
     moved = policy.allocate(NODE, changed)
-    assert moved["b"].cores is None and moved["a"].cores > first["b"].cores
+    assert moved["a"].cpu_weight > 2 * first["a"].cpu_weight
 
 
-def test_adaptive_reallocates_at_once_when_a_job_leaves_or_arrives() -> None:
+def test_a_departure_frees_cores_at_once_and_an_arrival_is_planned_at_once() -> None:
     policy = make_policy("adaptive")
     jobs = [job(name, m=400.0, p=0.01) for name in "abc"]
     first = policy.allocate(NODE, jobs)
-    after_departure = policy.allocate(NODE, [job(n, m=400.0, p=0.01, current=first[n]) for n in "ab"])
-    assert sum(a.cores for a in after_departure.values()) == pytest.approx(NODE.cores, abs=1e-3)
+    left = [job(n, m=400.0, p=0.01, current=first[n]) for n in "ab"]
+    # weights are work-conserving: whatever the policy does next, a and b share all 4 cores
+    cores = contended_cores(NODE.cores, {n: float(first[n].cpu_weight) for n in "ab"}, {n: math.inf for n in "ab"})
+    assert cores == pytest.approx({"a": 2.0, "b": 2.0})
+    after_departure = policy.allocate(NODE, left)
     arrived = [job(n, m=400.0, p=0.01, current=after_departure[n]) for n in "ab"] + [job("d", m=400.0, p=0.01)]
     after_arrival = policy.allocate(NODE, arrived)
-    assert after_arrival["d"].cores == pytest.approx(NODE.cores / 3, abs=1e-3)
+    assert planned(after_arrival["d"]) == pytest.approx(NODE.cores / 3, abs=0.01)
 
 
 def test_jct_serves_the_job_closest_to_finishing_first() -> None:
@@ -154,11 +165,11 @@ def test_jct_serves_the_job_closest_to_finishing_first() -> None:
         job("middle", m=400.0, p=0.01, remaining_samples=20_000.0),
     ]
     allocation = make_policy("jct").allocate(NODE, jobs)
-    assert allocation["short"].cores == pytest.approx(NODE.cores - 2 * NODE.min_cores_per_job, abs=1e-3)
-    assert allocation["long"].cores == pytest.approx(NODE.min_cores_per_job, abs=1e-3)
+    assert planned(allocation["short"]) == pytest.approx(NODE.cores - 2 * NODE.min_cores_per_job, abs=0.01)
+    assert planned(allocation["long"]) == pytest.approx(NODE.min_cores_per_job, abs=0.01)
     # adaptive would split them evenly: same GPUs, same curves
     adaptive = make_policy("adaptive").allocate(NODE, jobs)
-    assert {round(a.cores, 3) for a in adaptive.values()} == {round(NODE.cores / 3, 3)}
+    assert len({a.cpu_weight for a in adaptive.values()}) == 1
 
 
 def test_jct_without_any_remaining_work_known_is_adaptive() -> None:
@@ -209,9 +220,8 @@ def test_oracle_reads_its_curves_from_the_file_the_benchmark_writes(tmp_path: Pa
     # measured views claim the opposite; the oracle believes only its true curves
     jobs = [job("a", m=400.0, p=0.001), job("b", m=400.0, p=0.01), JobView(job_id="z", name="unlisted")]
     allocation = oracle.allocate(NODE, jobs)
-    assert allocation["z"].cores == pytest.approx(NODE.cores / 3, abs=1e-3)
-    assert allocation["b"].cores is None  # satisfied by its true curve: no quota
-    assert allocation["a"].cores == pytest.approx(NODE.cores - NODE.cores / 3 - PLAN_MARGIN * 0.1, abs=0.11)
+    assert planned(allocation["z"]) == pytest.approx(NODE.cores / 3, abs=0.01)
+    assert planned(allocation["a"]) > 10 * planned(allocation["b"])  # b's true curve needs almost nothing
 
 
 def test_oracle_without_curves_says_how_to_give_them(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -61,7 +61,7 @@ def _policy(name: str, jobs: list[JobView]):
 def _check(node: NodeResources, jobs: list[JobView], allocation: dict[str, JobAllocation]) -> None:
     assert set(allocation) == {j.job_id for j in jobs}
     floor = node.min_cores_per_job
-    quotas = [a.cores for a in allocation.values() if a.cores is not None]  # None: satisfied, no quota
+    quotas = [a.cores for a in allocation.values() if a.cores is not None]
     assert all(c >= min(floor, node.cores / len(jobs)) - 1e-9 for c in quotas)
     assert sum(quotas) <= max(node.cores, floor * len(jobs)) + 1e-6
     assert all(c <= node.cores + 1e-9 for c in quotas)
@@ -69,6 +69,7 @@ def _check(node: NodeResources, jobs: list[JobView], allocation: dict[str, JobAl
         a = allocation[view.job_id]
         assert 1 <= a.workers <= node.max_workers_per_job
         assert a.cpus == node.cpus
+        assert a.cpu_weight is None or 1 <= a.cpu_weight <= 10_000
     reads = [a.read_bps for a in allocation.values()]
     if node.read_bps is not None:
         assert all(r is not None and r >= 1 for r in reads)

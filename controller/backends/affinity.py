@@ -91,6 +91,9 @@ class AffinityBackend:
     def set_cpu_quota(self, job_id: str, cores: float | None) -> None:
         """Not enforceable without cgroups ("cpu_quota" is not a capability): nothing to do."""
 
+    def set_cpu_weight(self, job_id: str, weight: int | None) -> None:
+        """Not enforceable without cgroups ("cpu_weight" is not a capability): nothing to do."""
+
     def set_cpuset(self, job_id: str, cpus: tuple[int, ...] | None) -> None:
         job = self._job(job_id)
         if cpus is not None and not cpus:

@@ -20,7 +20,7 @@ class ResourceBackend(Protocol):
     name: str
     """"cgroup-v1", "cgroup-v2" or "affinity"."""
     capabilities: frozenset[str]
-    """Subset of {"cpu_quota", "cpuset", "read_bps", "cpu_accounting", "groups"}: what it can enforce."""
+    """Subset of {"cpu_quota", "cpu_weight", "cpuset", "read_bps", "cpu_accounting", "groups"}: what it can enforce."""
 
     def create(self, job_id: str) -> str:
         """Create the job's group (idempotent: an existing one is adopted). Returns its path for display."""
@@ -33,6 +33,10 @@ class ResourceBackend(Protocol):
 
     def set_cpu_quota(self, job_id: str, cores: float | None) -> None:
         """Limit the group to ``cores`` CPUs' worth of time; None removes the limit."""
+
+    def set_cpu_weight(self, job_id: str, weight: int | None) -> None:
+        """Weight the group's share of contended CPUs (cpu.weight scale, see
+        JobAllocation.cpu_weight); None restores the kernel's default."""
 
     def set_cpuset(self, job_id: str, cpus: tuple[int, ...] | None) -> None:
         """Confine the group to CPU ids ``cpus``; None means every CPU of the parent."""

@@ -23,6 +23,7 @@ from controller.backends.cgroupfs import (
     parse_device,
     quota_us,
     read_pid_list,
+    shares_of,
 )
 
 _CAPABILITY_OF_HIERARCHY = {
@@ -48,7 +49,10 @@ class CgroupV1Backend:
                 "(mount -t cgroup -o cpu cgroup /sys/fs/cgroup/cpu), or use --backend cgroup-v2 / affinity"
             )
         self._hierarchies = tuple(h for h in _CAPABILITY_OF_HIERARCHY if (self.root / h).is_dir())
-        self.capabilities = frozenset({"groups"} | {_CAPABILITY_OF_HIERARCHY[h] for h in self._hierarchies})
+        self.capabilities = frozenset(
+            {"groups"} | {_CAPABILITY_OF_HIERARCHY[h] for h in self._hierarchies}
+            | ({"cpu_weight"} if "cpu" in self._hierarchies else set())
+        )
 
     # -- paths -------------------------------------------------------------------------------
     def _node(self, hierarchy: str, job_id: str | None = None) -> Node:
@@ -98,6 +102,12 @@ class CgroupV1Backend:
         with kernel_call(node.full_path + b"/cpu.cfs_quota_us", "setting the CPU quota"):
             node.controller.cfs_quota_us = None if cores is None else quota_us(cores)  # None writes -1
 
+    def set_cpu_weight(self, job_id: str, weight: int | None) -> None:
+        self._require("cpu_weight", "cpu")
+        node = self._node("cpu", job_id)
+        with kernel_call(node.full_path + b"/cpu.shares", "setting the CPU weight"):
+            node.controller.shares = shares_of(weight)
+
     def set_cpuset(self, job_id: str, cpus: tuple[int, ...] | None) -> None:
         self._require("cpuset", "cpuset")
         node = self._node("cpuset", job_id)
@@ -141,6 +151,7 @@ class CgroupV1Backend:
     def release(self, job_id: str) -> None:
         if "cpu" in self._hierarchies:
             self.set_cpu_quota(job_id, None)
+            self.set_cpu_weight(job_id, None)
         if "cpuset" in self._hierarchies:
             self.set_cpuset(job_id, None)
         if "blkio" in self._hierarchies:

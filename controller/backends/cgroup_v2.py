@@ -14,6 +14,7 @@ from controller.backends.cgroupfs import (
     CFS_PERIOD_US,
     check_bps,
     check_name,
+    check_weight,
     drain_and_rmdir,
     job_from_proc_cgroup,
     kernel_call,
@@ -47,6 +48,7 @@ class CgroupV2Backend:
         # cpu.stat (usage_usec) is a core file of every v2 group, with or without the cpu controller.
         self.capabilities = frozenset(
             {"groups", "cpu_accounting"} | {_CAPABILITY_OF_CONTROLLER[c] for c in self._controllers}
+            | ({"cpu_weight"} if "cpu" in self._controllers else set())
         )
 
     def _dir(self, job_id: str | None = None) -> Path:
@@ -91,6 +93,10 @@ class CgroupV2Backend:
         quota = "max" if cores is None else str(quota_us(cores))
         write_interface(self._dir(job_id) / "cpu.max", f"{quota} {CFS_PERIOD_US}", "setting the CPU quota")
 
+    def set_cpu_weight(self, job_id: str, weight: int | None) -> None:
+        self._require("cpu_weight", "cpu")
+        write_interface(self._dir(job_id) / "cpu.weight", str(check_weight(weight)), "setting the CPU weight")
+
     def set_cpuset(self, job_id: str, cpus: tuple[int, ...] | None) -> None:
         self._require("cpuset", "cpuset")
         # An empty cpuset.cpus means "the parent's CPUs" in v2 (a bare newline: a zero-length write is a no-op).
@@ -131,6 +137,7 @@ class CgroupV2Backend:
     def release(self, job_id: str) -> None:
         if "cpu" in self._controllers:
             self.set_cpu_quota(job_id, None)
+            self.set_cpu_weight(job_id, None)
         if "cpuset" in self._controllers:
             self.set_cpuset(job_id, None)
         if "io" in self._controllers:

@@ -74,6 +74,24 @@ def quota_us(cores: float) -> int:
     return max(MIN_QUOTA_US, round(cores * CFS_PERIOD_US))
 
 
+DEFAULT_CPU_WEIGHT = 100
+"""cgroup v2's default cpu.weight (v1: cpu.shares 1024)."""
+
+
+def check_weight(weight: int | None) -> int:
+    """A cpu.weight value (1-10000); None is the default. BackendError outside the range."""
+    if weight is None:
+        return DEFAULT_CPU_WEIGHT
+    if not 1 <= weight <= 10_000:
+        raise BackendError(f"CPU weight {weight} is outside 1-10000 (cgroup v2 cpu.weight's range)")
+    return weight
+
+
+def shares_of(weight: int | None) -> int:
+    """v1 cpu.shares for a cpu.weight-scale ``weight`` (100 -> 1024, the kernels' defaults)."""
+    return max(2, round(check_weight(weight) * 1024 / DEFAULT_CPU_WEIGHT))
+
+
 def check_bps(bps: int) -> int:
     if bps <= 0:
         raise BackendError(f"read throttle of {bps} bytes/s is not positive: give > 0, or None to remove it")

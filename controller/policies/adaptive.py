@@ -20,7 +20,6 @@ from typing import Mapping, Sequence
 from controller.policies import lp
 from controller.policies.base import Allocation, JobAllocation, JobView, NodeResources
 from controller.policies.shares import (
-    SATISFIED,
     JobModel,
     allocations,
     floors,
@@ -63,7 +62,7 @@ class AdaptivePolicy:
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s: models behind the new allocation: %s", self.name, "; ".join(
                 f"{job.name} w={weights[job.job_id]:.3g} M={m.max_throughput:.0f}/s "
-                f"needs {m.cores_to_saturate():.2f} cores, quota {_cores(target[job.job_id].cores)} "
+                f"needs {m.cores_to_saturate():.2f} cores, weight {target[job.job_id].cpu_weight} "
                 f"workers {target[job.job_id].workers}"
                 if (m := models.get(job.job_id)) else f"{job.name}: not measured yet"
                 for job in jobs
@@ -104,10 +103,9 @@ class AdaptivePolicy:
         read_bps = None
         if manage_io:
             read_bps = spread(bandwidth, {**reserved_io, **solution.read_bps}, floor=io_floor)
-        satisfied = frozenset(job_id for job_id, busy in solution.busy.items() if busy >= SATISFIED)
         readers = frozenset(job_id for job_id, model in models.items() if model.is_reader)
         return allocations(
-            node, jobs, {**reserved_cores, **solution.cores}, read_bps, satisfied, readers,
+            node, jobs, {**reserved_cores, **solution.cores}, read_bps, readers,
             self.workers_per_core, self.reader_workers_per_core,
         )
 
@@ -119,20 +117,13 @@ class AdaptivePolicy:
         weights: Mapping[str, float],
         target: Allocation,
     ) -> bool:
-        """True when every job has an allocation from this kind of policy, the quotas fit
-        the node, and the target is not predicted to beat the current one by more than
-        the threshold."""
+        """True when every job has an allocation from this kind of policy and the target is
+        not predicted to beat the current one by more than the threshold."""
         current = {job.job_id: job.current for job in jobs}
-        if any(a.workers is None for a in current.values()):
-            return False  # a job arrived, or the previous policy left things unmanaged
-        quotas = [a.cores for a in current.values() if a.cores is not None]
-        if sum(quotas) > node.cores + 1e-6 or any(c < node.min_cores_per_job - 1e-9 for c in quotas):
-            return False
+        if any(a.workers is None or a.cpu_weight is None or a.cores is not None for a in current.values()):
+            return False  # a job arrived, or the previous policy set other kinds of limits
         if managed_bandwidth(node) is not None and any(a.read_bps is None for a in current.values()):
             return False
         now = predicted_objective(node, jobs, models, weights, current)
         return predicted_objective(node, jobs, models, weights, target) <= now * (1.0 + self.gain_threshold) + 1e-9
 
-
-def _cores(value: float | None) -> str:
-    return "none" if value is None else f"{value:.2f}"

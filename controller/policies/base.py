@@ -42,6 +42,10 @@ class JobAllocation:
 
     cores: float | None = None
     """CPU quota in cores (cfs_quota/cfs_period, cpu.max)."""
+    cpu_weight: int | None = None
+    """Relative CPU weight among the jobs when the CPUs are contended, on cgroup v2's
+    cpu.weight scale (1-10000, 100 the kernel's default; v1 cpu.shares = weight·1024/100).
+    Unlike a quota it is work-conserving: cycles a job leaves idle go to the others."""
     cpus: tuple[int, ...] | None = None
     """cpuset: which CPU ids the job may run on."""
     read_bps: int | None = None

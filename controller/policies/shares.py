@@ -2,16 +2,18 @@
 job's need: reserving an even share for jobs not yet measured, handing out the
 cores and bandwidth nobody needs as headroom, and turning a plan into limits.
 
-How a plan becomes limits: a CPU quota keeps a job's GPU fed only well above the
-job's mean CPU use. Loaders work in bursts, and once a burst spends the period's
-quota (CFS bandwidth control) every thread of the job, the one feeding the GPU
-included, waits for the next period. Measured here (a 224 px JPEG job using 0.69
-cores on average when unthrottled): quota 0.6 -> 78% of its max rate, 0.8 -> 85%,
-1.0 -> 97%. So a job the plan fully satisfies gets no quota at all: its worker
-count (BURST_HEADROOM times its planned cores) bounds it, and the kernel's fair
-share serves its bursts. Only the jobs the plan cannot satisfy, which use every
-cycle they get, are held to their share by a quota, so they cannot take what the
-satisfied jobs need. A satisfied job is planned PLAN_MARGIN above its mean use.
+How a plan of cores becomes limits: by CPU *weights*, not quotas. A quota keeps a
+job's GPU fed only well above the job's mean CPU use: loaders work in bursts, and
+once a burst spends the period's quota (CFS bandwidth control) every thread of the
+job, the one feeding the GPU included, waits for the next period. Measured here (a
+224 px JPEG job using 0.69 cores on average when unthrottled): quota 0.6 -> 78% of
+its max rate, 0.8 -> 85%, 1.0 -> 97%. A quota also wastes what a job leaves unused.
+A weight proportional to the planned cores gives each job at least its plan
+whenever the CPUs are contended, serves its bursts from whatever the others leave
+idle, and lets a job that can use more (one the plan could not satisfy) take every
+cycle nobody else wants. Workers, BURST_HEADROOM times the planned cores, bound
+how much of the node a job can occupy at all. A job is planned PLAN_MARGIN above
+its mean use.
 """
 from __future__ import annotations
 
@@ -27,10 +29,11 @@ READER_BYTES_PER_S = 1e6
 reader: its workers block on I/O, so it gets more workers per core."""
 
 BURST_HEADROOM = 1.5
-"""Workers of a job without a quota: this many times its planned cores (see above)."""
+"""Workers per planned core (see above)."""
 PLAN_MARGIN = 1.15
-"""Cores planned for a satisfied job, relative to its mean use at full rate."""
-SATISFIED = 0.999
+"""Cores planned for a job, relative to its mean use at the same rate."""
+WEIGHT_PER_CORE = 100
+"""CPU weight per planned core: a job planned one core has the kernel's default weight."""
 
 IO_FLOOR_FRACTION = 0.01
 """Each job keeps at least this fraction of the bandwidth, so a job that starts reading
@@ -130,34 +133,46 @@ def allocations(
     jobs: Sequence[JobView],
     cores: Mapping[str, float],
     read_bps: Mapping[str, float] | None,
-    satisfied: frozenset[str],
     readers: frozenset[str],
     workers_per_core: float,
     reader_workers_per_core: float,
 ) -> dict[str, JobAllocation]:
-    """JobAllocations from a plan (see the module docstring): the whole managed cpuset for
-    everyone; ``satisfied`` jobs no quota and BURST_HEADROOM times their planned cores in
-    workers, the others their planned cores as a quota plus whatever the satisfied jobs
-    were not planned to need, in proportion, and workers following that quota; more
-    workers per core for jobs that read."""
-    capped = {job.job_id: cores[job.job_id] for job in jobs if job.job_id not in satisfied}
-    spare = node.cores - sum(cores[job.job_id] for job in jobs)
-    quotas = spread(sum(capped.values()) + max(0.0, spare), capped) if capped else {}
+    """JobAllocations from a plan of ``cores`` (see the module docstring): the cores
+    nobody was planned spread in proportion, then a CPU weight proportional to each
+    job's cores and no quota, the whole managed cpuset for everyone, workers following
+    the cores (more per core for jobs that read)."""
+    planned = spread(node.cores, {job.job_id: cores[job.job_id] for job in jobs})
     result: dict[str, JobAllocation] = {}
     for job in jobs:
+        c = min(node.cores, max(node.min_cores_per_job, planned[job.job_id]))
         k = reader_workers_per_core if job.job_id in readers else workers_per_core
-        if job.job_id in quotas:
-            quota: float | None = min(node.cores, max(node.min_cores_per_job, quotas[job.job_id]))
-            span = quota
-        else:
-            quota, span = None, min(node.cores, BURST_HEADROOM * cores[job.job_id])
         result[job.job_id] = JobAllocation(
-            cores=None if quota is None else math.floor(quota * 1e4) / 1e4,  # rounded down: never over the node
+            cpu_weight=max(1, min(10_000, round(WEIGHT_PER_CORE * c))),
             cpus=node.cpus,
             read_bps=None if read_bps is None else max(1, int(read_bps[job.job_id])),
-            workers=workers_for_cores(span / max(1, job.ranks), k, limit=node.max_workers_per_job),
+            workers=workers_for_cores(BURST_HEADROOM * c / max(1, job.ranks), k, limit=node.max_workers_per_job),
         )
     return result
+
+
+def contended_cores(total: float, weights: Mapping[str, float], demands: Mapping[str, float]) -> dict[str, float]:
+    """What the kernel gives each job of ``total`` cores: weighted max-min fair shares,
+    a job never getting more than it ``demands`` (inf: all it can get)."""
+    given: dict[str, float] = {}
+    active = {job for job in demands if weights.get(job, 0) > 0}
+    left = total
+    while active and left > 1e-12:
+        scale = left / sum(weights[job] for job in active)
+        capped = {job for job in active if demands[job] <= weights[job] * scale}
+        if not capped:
+            for job in active:
+                given[job] = weights[job] * scale
+            return {job: given.get(job, 0.0) for job in demands}
+        for job in capped:
+            given[job] = demands[job]
+            left -= demands[job]
+        active -= capped
+    return {job: given.get(job, 0.0) for job in demands}
 
 
 def predicted_objective(
@@ -167,24 +182,19 @@ def predicted_objective(
     weights: Mapping[str, float],
     allocation: Mapping[str, JobAllocation],
 ) -> float:
-    """Σ w·busy the models predict for ``allocation``: a job with a quota gets it; the
-    jobs without share what the quotas leave, in proportion to what each needs."""
-    quotas = sum(a.cores for a in allocation.values() if a.cores is not None)
-    free = {j.job_id: models[j.job_id].cores_to_saturate() for j in jobs
-            if j.job_id in models and allocation[j.job_id].cores is None}
-    left = max(0.0, node.cores - quotas)
-    need = sum(v for v in free.values() if math.isfinite(v))
-    value = 0.0
+    """Σ w·busy the models predict for ``allocation``: each job demands what saturates it
+    (capped by its quota if it has one), and the cores are shared by CPU weight."""
+    demands: dict[str, float] = {}
     for job in jobs:
         model = models.get(job.job_id)
-        if model is None:
-            continue
-        given = allocation[job.job_id]
-        if given.cores is not None:
-            cores = given.cores
-        elif need > 0 and math.isfinite(free[job.job_id]):
-            cores = left * min(1.0, free[job.job_id] / need) if need > left else free[job.job_id]
-        else:
-            cores = left / max(1, len(free))
-        value += weights[job.job_id] * model.busy(cores, given.read_bps if managed_bandwidth(node) else None)
-    return value
+        need = model.cores_to_saturate() if model is not None else node.cores / len(jobs)
+        quota = allocation[job.job_id].cores
+        demands[job.job_id] = min(need, quota) if quota is not None else need
+    cpu_weights = {j: float(allocation[j].cpu_weight or WEIGHT_PER_CORE) for j in demands}
+    cores = contended_cores(node.cores, cpu_weights, demands)
+    bandwidth = managed_bandwidth(node)
+    return sum(
+        weights[job.job_id] * model.busy(cores[job.job_id], allocation[job.job_id].read_bps if bandwidth else None)
+        for job in jobs
+        if (model := models.get(job.job_id)) is not None
+    )
