@@ -47,6 +47,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="block device the datasets are read from, e.g. 254:0 (lsblk -o NAME,MAJ:MIN)")
     parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                         help="serve Prometheus metrics on this port (default/0: no exporter)")
+    parser.add_argument("--device", default=None, metavar="NAME",
+                        help="accelerator the throughput model predicts for, e.g. H100 (default: the NVIDIA "
+                        "driver's model name, else cpu)")
+    parser.add_argument("--no-history", action="store_true",
+                        help="do not predict from or record into the job history (<state-dir>/history.sqlite)")
     parser.add_argument("--metrics-address", default="127.0.0.1", metavar="ADDR",
                         help="address the metrics exporter binds (default 127.0.0.1)")
 
@@ -90,7 +95,13 @@ def _build(args: argparse.Namespace) -> Controller:
         metrics_port=args.metrics_port or None,
         metrics_address=args.metrics_address,
     )
-    return Controller(config)
+    if args.no_history:
+        return Controller(config)
+    from controller.node_memory import NodeMemory, detect_device
+
+    memory = NodeMemory(config.state_dir, args.device or detect_device())
+    return Controller(config, predictor=memory.predict, on_job_finished=memory.record,
+                      expected_samples=memory.expected_samples)
 
 
 async def _serve(controller: Controller) -> int:

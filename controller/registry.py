@@ -34,7 +34,10 @@ log = logging.getLogger(__name__)
 
 Predictor = Callable[[dict[str, float], int], "tuple[float, float, float] | None"]
 """(features, gpus) -> (M, low, high) samples/s, or None when it cannot tell."""
-JobFinishedHook = Callable[[JobSnapshot], None]
+JobFinishedHook = Callable[[JobSnapshot, "dict[str, float] | None", "tuple[tuple[float, float], ...]"], None]
+"""(final snapshot, the job's model features, its fitted loading-curve points): the job history's input."""
+ExpectedSamples = Callable[[str, "dict[str, float] | None"], "float | None"]
+"""(name, features) -> samples earlier runs of the same job processed, or None (not a recurring job)."""
 
 MIN_BATCHES_FOR_M = 8
 """The policy gets a measured M once a rank has run this many steps (until then the
@@ -102,12 +105,14 @@ class Registry:
         window_s: float = 5.0,
         predictor: Predictor | None = None,
         on_job_finished: JobFinishedHook | None = None,
+        expected_samples: ExpectedSamples | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.window_s = window_s
         self._predictor = predictor
         self._on_job_finished = on_job_finished
+        self._expected_samples = expected_samples
         self._clock = clock
         self._wall_clock = wall_clock
         self._started_wall = wall_clock()
@@ -153,6 +158,11 @@ class Registry:
             arrival_s=now - self._started_wall, cgroup=cgroup, requested_workers=requested_workers,
             features=features, total_samples=total_samples,
         )
+        if total_samples is None and self._expected_samples is not None:
+            expected = self._expected_samples(name, features)
+            if expected:
+                job.total_samples = int(expected)
+                log.info("job %s (%s) recurs: expecting %d samples, as its earlier runs", job_id, name, job.total_samples)
         job.predicted = self._predict(job)
         self._jobs[job_id] = job
         return job
@@ -179,7 +189,7 @@ class Registry:
         final = self.snapshot(job, pids=pids, cpu_seconds=cpu_seconds)
         if self._on_job_finished is not None:
             try:
-                self._on_job_finished(final)
+                self._on_job_finished(final, job.features, tuple(job.loading_curve.points()))
             except Exception:  # a history bug must not stop the controller from freeing the job
                 log.exception("on_job_finished hook failed for job %s", job_id)
         return final

@@ -168,8 +168,8 @@ def test_snapshots_sum_ranks_and_the_idle_ratio_follows_achieved_over_max(clock:
 
 
 def test_persisted_jobs_are_adopted_disconnected_and_the_history_hook_gets_the_final_snapshot(clock: Clock) -> None:
-    finished: list[JobSnapshot] = []
-    registry = _registry(clock, on_job_finished=finished.append)
+    finished: list[tuple[JobSnapshot, object, object]] = []
+    registry = _registry(clock, on_job_finished=lambda *args: finished.append(args))
     _register(registry, requested_workers=4, features={"flops": 1.0})
     registry.set_allocation("j1", JobAllocation(cores=1.0, workers=1))
     saved = registry.persisted()
@@ -179,11 +179,11 @@ def test_persisted_jobs_are_adopted_disconnected_and_the_history_hook_gets_the_f
         False, True, JobAllocation(cores=1.0, workers=1), 4)
     assert restarted.persisted() == saved
     final = registry.remove("j1", pids=set(), cpu_seconds=9.5)
-    assert finished == [final] and final is not None and final.cpu_seconds_total == 9.5 and "j1" not in registry
+    assert finished == [(final, {"flops": 1.0}, ())] and final is not None and final.cpu_seconds_total == 9.5 and "j1" not in registry
 
 
 def test_a_failing_history_hook_does_not_keep_the_job(clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
-    def broken(snapshot: JobSnapshot) -> None:
+    def broken(snapshot: JobSnapshot, features: object, curve: object) -> None:
         raise OSError("disk full")
 
     registry = _registry(clock, on_job_finished=broken)
@@ -191,3 +191,18 @@ def test_a_failing_history_hook_does_not_keep_the_job(clock: Clock, caplog: pyte
     with caplog.at_level(logging.ERROR):
         registry.remove("j1", pids=set(), cpu_seconds=0.0)
     assert "j1" not in registry and "on_job_finished hook failed for job j1" in caplog.text
+
+
+def test_a_recurring_job_gets_its_length_from_history_and_remaining_counts_down(clock: Clock) -> None:
+    asked: list[tuple[str, object]] = []
+
+    def expected(name: str, features: object) -> float | None:
+        asked.append((name, features))
+        return 1000.0 if name == "resnet" else None
+
+    registry = _registry(clock, expected_samples=expected)
+    job = registry.register("j1", name="resnet", uid=0, gpus=1, launcher_pid=1, cgroup="g", features={"flops": 2.0})
+    other = registry.register("j2", name="new", uid=0, gpus=1, launcher_pid=2, cgroup="g")
+    assert asked == [("resnet", {"flops": 2.0}), ("new", None)]
+    assert registry.remaining_samples(job) == 1000.0
+    assert registry.remaining_samples(other) is None

@@ -1,0 +1,76 @@
+"""What the node remembers of its jobs, wired into the registry's three seams.
+
+The registry knows nothing of SQLite or of the throughput model: it is handed
+a predictor ``(features, gpus) -> (M, low, high)``, a hook for finished jobs and a
+lookup of a recurring job's length. This module builds those three from the job
+history in the state directory (``history.sqlite``) and the throughput model, and
+imports the model (and torch) only when a job first sends features.
+"""
+from __future__ import annotations
+
+import logging
+import sqlite3
+from pathlib import Path
+
+from controller.history import FinishedJob, JobHistory
+from controller.snapshot import JobSnapshot
+
+log = logging.getLogger(__name__)
+
+HISTORY_FILE = "history.sqlite"
+
+
+def detect_device(proc: Path = Path("/proc")) -> str:
+    """The node's accelerator model as the NVIDIA driver names it ("NVIDIA H100 80GB HBM3"),
+    read from ``/proc/driver/nvidia/gpus/*/information``; "cpu" when there is none."""
+    for info in sorted((proc / "driver" / "nvidia" / "gpus").glob("*/information")):
+        try:
+            for line in info.read_text().splitlines():
+                key, _, value = line.partition(":")
+                if key.strip() == "Model" and value.strip():
+                    return value.strip()
+        except OSError:
+            continue
+    return "cpu"
+
+
+class NodeMemory:
+    """The node's job history as the registry's predictor, finished-job hook and length lookup."""
+
+    def __init__(self, state_dir: Path, device: str) -> None:
+        self.device = device
+        self.history: JobHistory | None = None
+        try:
+            self.history = JobHistory(Path(state_dir) / HISTORY_FILE)
+        except (OSError, sqlite3.Error) as exc:  # a read-only or full state dir must not stop the node
+            log.warning("job history %s is unavailable (%s): predicting from the model alone, recording "
+                        "nothing; make the state directory writable to keep a history",
+                        Path(state_dir) / HISTORY_FILE, exc)
+        self._predictor = None
+
+    def predict(self, features: dict[str, float], gpus: int) -> tuple[float, float, float] | None:
+        """M and its interval for a job with these features: its own earlier runs, else the model."""
+        if self._predictor is None:
+            from controller.prediction import ThroughputPredictor  # imports torch: only when needed
+
+            self._predictor = ThroughputPredictor(device=self.device, history=self.history)
+        return self._predictor(features, gpus)
+
+    def record(
+        self, snapshot: JobSnapshot, features: dict[str, float] | None, loading_curve: tuple[tuple[float, float], ...]
+    ) -> None:
+        """Store a finished job (only one that processed samples: an aborted start teaches nothing)."""
+        if self.history is None or snapshot.samples_total <= 0:
+            return
+        self.history.record(
+            FinishedJob.from_snapshot(snapshot, features=features, loading_curve=loading_curve, device=self.device)
+        )
+        log.info("job %s (%s) recorded in the node's history: %d samples", snapshot.job_id, snapshot.name,
+                 snapshot.samples_total)
+
+    def expected_samples(self, name: str, features: dict[str, float] | None) -> float | None:
+        """Samples earlier runs of the same job (same name and features) processed, or None."""
+        if self.history is None:
+            return None
+        estimate = self.history.lookup(name, features)
+        return estimate.samples if estimate is not None and estimate.samples > 0 else None

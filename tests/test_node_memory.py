@@ -1,0 +1,72 @@
+"""The controller predicts a job's M from its model features, records finished jobs in the
+node's SQLite history, and gives a recurring job its length and M from that history.
+
+Real controller subprocess, real ``adloader run`` jobs reporting over the socket, the real
+history file in the controller's state directory."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+from adloader import describe_model
+from controller.history import JobHistory
+from controller.node_memory import HISTORY_FILE, NodeMemory, detect_device
+from fixtures.managed import ControllerProcess, wait_until
+
+REPORTING_JOB = str(Path(__file__).with_name("reporting_job.py"))
+
+
+def _features_file(tmp_path: Path) -> tuple[Path, dict[str, float]]:
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+    features = describe_model(model, torch.zeros(32, 64))
+    path = tmp_path / "features.json"
+    path.write_text(json.dumps(features))
+    return path, features
+
+
+def test_prediction_history_and_recurrence_end_to_end(
+    start_controller: Callable[..., ControllerProcess], tmp_path: Path
+) -> None:
+    controller = start_controller("--policy", "even", "--cpus", "0", "--device", "cpu")
+    features_path, features = _features_file(tmp_path)
+    options = ("--model-features", str(features_path))
+    command = (sys.executable, REPORTING_JOB, "--seconds", "3", "--compute-s", "0.01")
+
+    first = controller.run(*command, name="mlp", options=options)
+    snapshot = controller.registered(first)
+    assert snapshot.max_sps_predicted is not None and snapshot.max_sps_predicted > 0
+    low, high = snapshot.max_sps_predicted_interval or (None, None)
+    assert low is not None and high is not None and low <= snapshot.max_sps_predicted <= high
+    assert first.wait() == 0
+
+    history = JobHistory(controller.state_dir / HISTORY_FILE)
+    recorded = wait_until(lambda: history.lookup("mlp", features), 10.0, "the finished job in the history")
+    assert recorded.runs == 1 and recorded.samples > 0 and recorded.max_throughput
+
+    second = controller.run(*command, name="mlp", options=options)
+    again = controller.registered(second)
+    assert "recurs: expecting" in controller.log()
+    # The recurring job's first estimate is the M its earlier run measured, not the model's.
+    assert again.max_sps_predicted == pytest.approx(recorded.max_throughput)
+    assert second.wait() == 0
+
+
+def test_an_unwritable_state_dir_leaves_prediction_working_without_history(tmp_path: Path) -> None:
+    blocked = tmp_path / "file-not-dir"
+    blocked.write_text("")
+    memory = NodeMemory(blocked, "cpu")  # the history cannot live under a file
+    assert memory.history is None
+    assert memory.expected_samples("mlp", {"flops": 1.0}) is None
+
+
+def test_device_detection_reads_the_nvidia_driver_model_name(tmp_path: Path) -> None:
+    assert detect_device(tmp_path) == "cpu"
+    info = tmp_path / "driver" / "nvidia" / "gpus" / "0000:17:00.0" / "information"
+    info.parent.mkdir(parents=True)
+    info.write_text("Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:  \t\t 1\n")
+    assert detect_device(tmp_path) == "NVIDIA H100 80GB HBM3"
