@@ -14,6 +14,7 @@ from controller.policies.oracle import CURVES_VAR, OraclePolicy
 from controller.policies.shares import (
     BURST_HEADROOM,
     PLAN_MARGIN,
+    SATISFIED_WEIGHT,
     WEIGHT_PER_CORE,
     JobModel,
     contended_cores,
@@ -37,9 +38,14 @@ def objective(node: NodeResources, jobs: list[JobView], allocation: dict[str, Jo
 
 
 def planned(given: JobAllocation) -> float:
-    """The cores a job was planned, from its CPU weight."""
+    """The cores a job was planned, from its CPU weight (a satisfied job's has SATISFIED_WEIGHT on top)."""
     assert given.cpu_weight is not None and given.cores is None  # weights, never quotas
-    return given.cpu_weight / WEIGHT_PER_CORE
+    weight = given.cpu_weight
+    return (weight - SATISFIED_WEIGHT if weight >= SATISFIED_WEIGHT else weight) / WEIGHT_PER_CORE
+
+
+def is_satisfied(given: JobAllocation) -> bool:
+    return given.cpu_weight is not None and given.cpu_weight >= SATISFIED_WEIGHT
 
 
 def test_every_policy_is_registered_and_an_unknown_name_says_which_exist() -> None:
@@ -76,7 +82,8 @@ def test_jobs_that_fit_get_weights_in_proportion_to_need_and_workers_with_room_f
     assert planned(allocation["heavy"]) == pytest.approx(3 * planned(allocation["light"]), rel=0.02)
     assert planned(allocation["light"]) + planned(allocation["heavy"]) == pytest.approx(NODE.cores, abs=0.02)
     for name in ("light", "heavy"):
-        assert allocation[name].workers == math.ceil(BURST_HEADROOM * allocation[name].cpu_weight / WEIGHT_PER_CORE)
+        assert is_satisfied(allocation[name])
+        assert allocation[name].workers == math.ceil(BURST_HEADROOM * planned(allocation[name]))
     assert objective(NODE, [light, heavy], allocation) == pytest.approx(2.0)
 
 
@@ -84,8 +91,11 @@ def test_a_job_that_cannot_be_satisfied_gets_what_the_others_leave() -> None:
     light = job("light", m=100.0, p=0.005)
     hog = job("hog", m=1000.0, p=0.01)  # would use 10 cores
     allocation = make_policy("adaptive").allocate(NODE, [light, hog])
+    assert is_satisfied(allocation["light"]) and not is_satisfied(allocation["hog"])
     assert planned(allocation["light"]) == pytest.approx(PLAN_MARGIN * 0.5, abs=0.01)
     assert planned(allocation["hog"]) == pytest.approx(NODE.cores - PLAN_MARGIN * 0.5, abs=0.01)
+    # the hog has workers for everything the light job leaves on average, not just its plan
+    assert allocation["hog"].workers == math.ceil(BURST_HEADROOM * (NODE.cores - 0.5))
     cores = contended_cores(NODE.cores, {n: float(a.cpu_weight) for n, a in allocation.items()},
                             {"light": 0.5, "hog": math.inf})
     assert cores == pytest.approx({"light": 0.5, "hog": NODE.cores - 0.5})  # work-conserving
@@ -141,7 +151,7 @@ def test_adaptive_keeps_the_current_allocation_when_the_gain_is_small() -> None:
     # a real change: a now needs three times more; b's weight would keep it from getting that
     changed = [job("a", gpus=4, m=100.0, p=0.03, current=first["a"]), job("b", m=1000.0, p=0.01, current=first["b"])]
     moved = policy.allocate(NODE, changed)
-    assert moved["a"].cpu_weight > 2 * first["a"].cpu_weight
+    assert planned(moved["a"]) > 2 * planned(first["a"])
 
 
 def test_a_departure_frees_cores_at_once_and_an_arrival_is_planned_at_once() -> None:

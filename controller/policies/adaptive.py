@@ -20,6 +20,7 @@ from typing import Mapping, Sequence
 from controller.policies import lp
 from controller.policies.base import Allocation, JobAllocation, JobView, NodeResources
 from controller.policies.shares import (
+    SATISFIED,
     JobModel,
     allocations,
     floors,
@@ -103,9 +104,10 @@ class AdaptivePolicy:
         read_bps = None
         if manage_io:
             read_bps = spread(bandwidth, {**reserved_io, **solution.read_bps}, floor=io_floor)
+        satisfied = frozenset(job_id for job_id, busy in solution.busy.items() if busy >= SATISFIED)
         readers = frozenset(job_id for job_id, model in models.items() if model.is_reader)
         return allocations(
-            node, jobs, {**reserved_cores, **solution.cores}, read_bps, readers,
+            node, jobs, {**reserved_cores, **solution.cores}, read_bps, satisfied, readers,
             self.workers_per_core, self.reader_workers_per_core,
         )
 

@@ -30,6 +30,7 @@ import numpy as np
 
 from controller.policies.base import Allocation, JobView, NodeResources, PolicyError
 from controller.policies.shares import (
+    SATISFIED,
     JobModel,
     allocations,
     floors,
@@ -116,13 +117,17 @@ class OraclePolicy:
         best_cores, best_io = _best_static_split(
             models, weights, core_floor, io_floor, spare_cores, spare_io, self.steps
         )
+        satisfied = set()
         for job, c, b in zip(known, best_cores, best_io):
             cores[job.job_id] = c
             io[job.job_id] = b
+            if self.curves[job.name].busy(c, b if spare_io is not None else None) >= SATISFIED:
+                satisfied.add(job.job_id)
         read_bps = spread(bandwidth, io, floor=io_floor) if bandwidth is not None else None
         readers = frozenset(job.job_id for job in known if self.curves[job.name].is_reader)
         return allocations(
-            node, jobs, cores, read_bps, readers, self.workers_per_core, self.reader_workers_per_core,
+            node, jobs, cores, read_bps, frozenset(satisfied), readers,
+            self.workers_per_core, self.reader_workers_per_core,
         )
 
 

@@ -8,12 +8,17 @@ once a burst spends the period's quota (CFS bandwidth control) every thread of t
 job, the one feeding the GPU included, waits for the next period. Measured here (a
 224 px JPEG job using 0.69 cores on average when unthrottled): quota 0.6 -> 78% of
 its max rate, 0.8 -> 85%, 1.0 -> 97%. A quota also wastes what a job leaves unused.
-A weight proportional to the planned cores gives each job at least its plan
-whenever the CPUs are contended, serves its bursts from whatever the others leave
-idle, and lets a job that can use more (one the plan could not satisfy) take every
-cycle nobody else wants. Workers, BURST_HEADROOM times the planned cores, bound
-how much of the node a job can occupy at all. A job is planned PLAN_MARGIN above
-its mean use.
+Weights are work-conserving: cycles a job leaves idle go to the others.
+
+A job the plan satisfies gets a large weight (SATISFIED_WEIGHT plus its cores): it
+uses only what it needs, and with the large weight it gets that at once when it
+wants it, bursts included, as a light task does under the kernel's fair share. The
+jobs the plan cannot satisfy share what the satisfied ones leave, by weights in
+proportion to their planned cores (at least their plan, since a satisfied job is
+planned PLAN_MARGIN above its mean use), and take every cycle nobody else wants.
+Workers bound how much of the node a job can occupy at all: BURST_HEADROOM times
+its planned cores, or for an unsatisfied job times its share of all the cores the
+satisfied jobs do not use on average.
 """
 from __future__ import annotations
 
@@ -34,6 +39,10 @@ PLAN_MARGIN = 1.15
 """Cores planned for a job, relative to its mean use at the same rate."""
 WEIGHT_PER_CORE = 100
 """CPU weight per planned core: a job planned one core has the kernel's default weight."""
+SATISFIED_WEIGHT = 1000
+"""Added to the weight of a job the plan satisfies (see above)."""
+SATISFIED = 0.999
+"""A job whose planned busy fraction reaches this is satisfied."""
 
 IO_FLOOR_FRACTION = 0.01
 """Each job keeps at least this fraction of the bandwidth, so a job that starts reading
@@ -133,24 +142,32 @@ def allocations(
     jobs: Sequence[JobView],
     cores: Mapping[str, float],
     read_bps: Mapping[str, float] | None,
+    satisfied: frozenset[str],
     readers: frozenset[str],
     workers_per_core: float,
     reader_workers_per_core: float,
 ) -> dict[str, JobAllocation]:
-    """JobAllocations from a plan of ``cores`` (see the module docstring): the cores
-    nobody was planned spread in proportion, then a CPU weight proportional to each
-    job's cores and no quota, the whole managed cpuset for everyone, workers following
-    the cores (more per core for jobs that read)."""
+    """JobAllocations from a plan of ``cores`` (see the module docstring): CPU weights and
+    workers, no quota, the whole managed cpuset for everyone; more workers per core for
+    jobs that read."""
     planned = spread(node.cores, {job.job_id: cores[job.job_id] for job in jobs})
+    unsatisfied = [job.job_id for job in jobs if job.job_id not in satisfied]
+    free = node.cores - sum(cores[job_id] / PLAN_MARGIN for job_id in satisfied)
+    unsatisfied_plan = sum(planned[job_id] for job_id in unsatisfied)
     result: dict[str, JobAllocation] = {}
     for job in jobs:
         c = min(node.cores, max(node.min_cores_per_job, planned[job.job_id]))
+        if job.job_id in satisfied:
+            weight, span = SATISFIED_WEIGHT + WEIGHT_PER_CORE * c, c
+        else:
+            weight, span = WEIGHT_PER_CORE * c, max(c, free * planned[job.job_id] / unsatisfied_plan)
         k = reader_workers_per_core if job.job_id in readers else workers_per_core
         result[job.job_id] = JobAllocation(
-            cpu_weight=max(1, min(10_000, round(WEIGHT_PER_CORE * c))),
+            cpu_weight=max(1, min(10_000, round(weight))),
             cpus=node.cpus,
             read_bps=None if read_bps is None else max(1, int(read_bps[job.job_id])),
-            workers=workers_for_cores(BURST_HEADROOM * c / max(1, job.ranks), k, limit=node.max_workers_per_job),
+            workers=workers_for_cores(BURST_HEADROOM * min(span, node.cores) / max(1, job.ranks), k,
+                                      limit=node.max_workers_per_job),
         )
     return result
 
