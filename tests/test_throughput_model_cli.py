@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from throughput_model import fit
+from throughput_model.errors import CorpusError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,6 +62,7 @@ def test_fit_shows_every_class_coefficient() -> None:
     assert "fitted from" in out and "interval" in out
 
 
+@pytest.mark.slow
 def test_profile_quick_subset_then_evaluate_it(tmp_path: Path) -> None:
     corpus_file = tmp_path / "corpus.json"
     out = _model("profile", "--quick", "--families", "mlp", "rnn", "--steps", "3", "--out", str(corpus_file)).stdout
@@ -74,9 +76,11 @@ def test_profile_quick_subset_then_evaluate_it(tmp_path: Path) -> None:
     assert json.loads(results.read_text())["points"] == 8
 
 
-@pytest.mark.parametrize("bad", ["not json at all", "{\"points\": []}"])
-def test_a_bad_corpus_is_reported(tmp_path: Path, bad: str) -> None:
+def test_a_bad_corpus_is_reported(tmp_path: Path) -> None:
     corpus_file = tmp_path / "bad.json"
-    corpus_file.write_text(bad)
+    corpus_file.write_text("not json at all")
     proc = _model("fit", "--corpus", str(corpus_file), check=False)
     assert proc.returncode == 2 and "adloader model profile" in proc.stderr
+    corpus_file.write_text('{"points": []}')
+    with pytest.raises(CorpusError, match="no points"):
+        fit.load_corpus(corpus_file)

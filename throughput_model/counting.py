@@ -21,6 +21,7 @@ whichever way the device ran it; the class's own coefficients absorb the differe
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
@@ -37,32 +38,51 @@ except ImportError:  # pragma: no cover - every supported torch has it
     _FLOP_REGISTRY = {}
 
 OP_CLASSES: tuple[str, ...] = (
-    "gemm", "conv", "conv_grouped", "attention", "rnn", "norm", "pool",
-    "embedding", "reduction", "movement", "elementwise", "optimizer",
+    "gemm", "conv", "conv_depthwise", "attention", "lstm", "rnn", "norm", "pool", "reduction", "movement",
+    "elementwise", "math", "random", "optimizer",
 )
-"""Operator classes. Each gets its own FLOPs, bytes and op-count features and its own
-learned coefficients; ``attention`` and ``rnn`` are fused regions, ``optimizer`` is
-every op of ``optimizer.step()``."""
+"""Operator classes. Each gets its own bytes, op-count and large-allocation features (and FLOPs
+for :data:`COMPUTE_CLASSES`) and its own learned coefficients. ``attention``, ``lstm`` and
+``rnn`` (GRU and plain RNN cells) are fused regions: LSTMs apart because CPUs and GPUs alike
+run them as one fused kernel, while a CPU runs GRUs step by step; ``math`` is element-wise work that is not simple arithmetic (division, roots,
+exponentials, activations with transcendentals); ``random`` draws random numbers (dropout);
+``optimizer`` is every op of ``optimizer.step()``."""
 
-COMPUTE_CLASSES = ("gemm", "conv", "conv_grouped", "attention", "rnn")
-"""Classes whose time is mostly FLOPs; an op of these without a FLOP formula is reported."""
+COMPUTE_CLASSES = ("gemm", "conv", "conv_depthwise", "attention", "lstm", "rnn")
+"""Classes with FLOPs (PyTorch's FLOP formulas cover only these); an op of these without a
+formula is reported."""
+FUSED_CLASSES = ("attention", "lstm", "rnn")
+SHAPE_CLASSES = ("conv", "conv_depthwise")
+"""Classes decided by an op's arguments, not its name."""
+
+ALLOC_LARGE_BYTES = 4 * 1024 * 1024
+"""Outputs at least this large that an op allocates (not in place) are counted as ``alloc``:
+on a CPU a fresh large buffer costs page faults as well as bandwidth."""
 
 PHASES = ("forward", "backward", "optimizer")
 
 _GEMM = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "_addmm_activation", "mv", "addmv", "dot", "vdot",
          "matmul", "linear", "_scaled_mm", "addr", "outer", "einsum"}
-_MOVEMENT = {"cat", "stack", "copy_", "clone", "_to_copy", "index", "index_put", "index_put_", "_index_put_impl_",
-             "gather", "scatter", "scatter_add", "scatter_", "scatter_add_", "constant_pad_nd", "repeat",
-             "flip", "roll", "slice_backward", "select_backward", "as_strided_scatter", "slice_scatter",
-             "select_scatter", "new_empty_strided", "masked_select", "take", "reflection_pad1d",
+_MOVEMENT = {"cat", "stack", "copy", "clone", "_to_copy", "index", "index_put", "_index_put_impl", "gather", "scatter",
+             "scatter_add", "constant_pad_nd", "repeat", "flip", "roll", "slice_backward", "select_backward",
+             "as_strided_scatter", "slice_scatter", "select_scatter", "masked_select", "take", "reflection_pad1d",
              "reflection_pad2d", "replication_pad1d", "replication_pad2d", "_unsafe_index", "index_copy",
-             "unfold_backward", "col2im", "im2col", "contiguous"}
+             "unfold_backward", "col2im", "im2col", "contiguous", "embedding", "embedding_dense_backward",
+             "embedding_backward", "_embedding_bag", "index_select", "index_add"}
 _REDUCTION = {"sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "var", "std", "var_mean",
               "std_mean", "prod", "logsumexp", "cumsum", "linalg_vector_norm", "norm", "_softmax",
               "_log_softmax", "_safe_softmax", "_softmax_backward_data", "_log_softmax_backward_data",
               "nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward", "nll_loss2d_backward",
               "mse_loss", "mse_loss_backward", "binary_cross_entropy", "binary_cross_entropy_backward",
               "binary_cross_entropy_with_logits", "all", "any", "topk", "sort"}
+_MATH = {"sqrt", "rsqrt", "div", "reciprocal", "exp", "expm1", "exp2", "log", "log1p", "log2", "log10", "tanh",
+         "tanh_backward", "sigmoid", "sigmoid_backward", "gelu", "gelu_backward", "erf", "erfc", "erfinv", "silu",
+         "silu_backward", "softplus", "softplus_backward", "pow", "sin", "cos", "tan", "atan", "atan2", "elu",
+         "elu_backward", "mish", "mish_backward", "logit", "logit_backward", "addcdiv", "remainder", "fmod",
+         "lgamma", "digamma", "_log_softmax_backward", "glu", "glu_backward"}
+_RANDOM = {"bernoulli", "rand", "rand_like", "randn", "randn_like", "normal", "uniform", "randint", "randint_like",
+           "randperm", "exponential", "multinomial", "native_dropout", "random", "geometric", "cauchy",
+           "log_normal"}
 _PROJECTIONS = {"mm", "addmm", "linear", "_addmm_activation"}
 """Inside an attention region, these 2-D matmuls are projections and stay in ``gemm``."""
 _EMPTY = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "_local_scalar_dense",
@@ -96,25 +116,56 @@ def _conv_groups(name: str, args: tuple) -> int:
     return 1
 
 
+def _is_depthwise(name: str, args: tuple) -> bool:
+    """A grouped convolution with one input channel per group: no GEMM inside, a few FLOPs per
+    byte, so it runs at a small fraction of a dense convolution's rate on every device."""
+    weight = args[2] if name == "convolution_backward" else args[1] if len(args) > 1 else None
+    return _conv_groups(name, args) > 1 and isinstance(weight, torch.Tensor) and weight.dim() > 2 \
+        and weight.shape[1] == 1
+
+
 def classify(func: Any, args: tuple) -> str:
     """The operator class of one aten op, outside fused regions and the optimizer."""
     name = op_name(func)
+    if "convolution" in name or name.startswith(("conv", "_slow_conv", "mkldnn_conv", "thnn_conv")):
+        return "conv_depthwise" if _is_depthwise(name, args) else "conv"
+    return classify_name(name)
+
+
+def classify_name(name: str) -> str:
+    """The class of an op that its name alone decides (everything but convolutions and regions)."""
     base = name.rstrip("_")
     if name in _GEMM:
         return "gemm"
-    if "convolution" in name or name.startswith(("conv", "_slow_conv", "mkldnn_conv", "thnn_conv")):
-        return "conv_grouped" if _conv_groups(name, args) > 1 else "conv"
-    if "norm" in name and name not in ("linalg_vector_norm", "norm"):
+    if "norm" in name and base not in ("linalg_vector_norm", "norm"):
         return "norm"
     if "pool" in name:
         return "pool"
-    if "embedding" in name:
-        return "embedding"
-    if name in _REDUCTION or base in _REDUCTION:
+    if base in _RANDOM:
+        return "random"
+    if base in _REDUCTION:
         return "reduction"
-    if name in _MOVEMENT or base in _MOVEMENT:
+    if base in _MOVEMENT:
         return "movement"
+    if base in _MATH:
+        return "math"
     return "elementwise"
+
+
+def timed_key(phase: str, cls: str, name: str) -> str:
+    """How the profiler files an op's time: ``phase/class/op``, so that the time can be given to
+    the classes of a later version of :func:`classify_name` without profiling again."""
+    return f"{phase}/{cls}/{name}"
+
+
+def class_of_timed_key(key: str) -> str:
+    """The class, under the current rules, of the time the profiler filed under ``key``."""
+    phase, cls, name = key.split("/", 2)
+    if phase == "optimizer":
+        return "optimizer"
+    if cls in FUSED_CLASSES or cls in SHAPE_CLASSES:
+        return cls
+    return classify_name(name)
 
 
 def tensor_bytes(value: Any) -> int:
@@ -136,6 +187,8 @@ class ClassTally:
     bytes: float = 0.0
     ops: float = 0
     """Ops as they decompose on the device counted (a probed RNN region scales them up)."""
+    alloc: float = 0.0
+    """Bytes of outputs of at least :data:`ALLOC_LARGE_BYTES` that ops allocated (not in place)."""
     seconds: float = 0.0
     """Wall time inside the ops (only when the accountant was given a clock)."""
 
@@ -149,6 +202,8 @@ class StepTally:
     phase_bytes: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     forward_output_bytes: float = 0.0
     """Bytes written by forward ops: an upper bound of the activations kept for backward."""
+    op_seconds: dict[str, float] = field(default_factory=dict)
+    """Seconds by :func:`timed_key` (only when the accountant was given a clock)."""
     ops_without_formula: int = 0
     """Ops of a compute class whose FLOPs PyTorch has no formula for (counted as zero)."""
     unformulated: set[str] = field(default_factory=set)
@@ -179,7 +234,7 @@ class FusedRegions(TorchFunctionMode):
     FUSED: dict[Callable[..., Any], str] = {
         F.scaled_dot_product_attention: "attention",
         F.multi_head_attention_forward: "attention",
-        torch.lstm: "rnn", torch.gru: "rnn", torch.rnn_tanh: "rnn", torch.rnn_relu: "rnn",
+        torch.lstm: "lstm", torch.gru: "rnn", torch.rnn_tanh: "rnn", torch.rnn_relu: "rnn",
     }
 
     def __init__(self, probe_steps: int = 4) -> None:
@@ -217,7 +272,7 @@ class FusedRegions(TorchFunctionMode):
 def _rnn_probe(kind: str, args: tuple, kwargs: dict, probe_steps: int) -> tuple[int, int] | None:
     """(time dimension, steps) when an RNN call on meta tensors may be counted on probes of its
     sequence; None to run it in full (real tensors, packed sequences, short sequences)."""
-    if kind != "rnn" or kwargs or len(args) != 9 or not isinstance(args[0], torch.Tensor):
+    if kind not in ("lstm", "rnn") or kwargs or len(args) != 9 or not isinstance(args[0], torch.Tensor):
         return None
     packed = isinstance(args[1], torch.Tensor) and not args[1].is_floating_point()
     if packed or args[0].device.type != "meta" or args[0].dim() != 3:
@@ -309,15 +364,23 @@ class StepAccountant(TorchDispatchMode):
         tally = self.tally.classes[cls]
         tally.ops += scale
         tally.seconds += elapsed
+        if self.clock is not None:
+            key = timed_key(self.phase, cls, name)
+            self.tally.op_seconds[key] = self.tally.op_seconds.get(key, 0.0) + elapsed
         flops = 0.0
         formula = _FLOP_REGISTRY.get(getattr(func, "overloadpacket", None))
-        if formula is not None:
+        if name == "convolution_backward" and _conv_groups(name, args) > 1 and not args[7]:
+            flops = scale * _grouped_conv_backward_flops(args)
+        elif formula is not None:
             flops = scale * float(formula(*args, **kwargs, out_val=out))
         elif cls in COMPUTE_CLASSES and name in _GEMM | {"convolution", "convolution_backward"}:
             self.tally.ops_without_formula += 1
             self.tally.unformulated.add(name)
-        written = 0 if name in _EMPTY else sum(tensor_bytes(t) for t in tree_flatten(out)[0])
+        outputs = [] if name in _EMPTY else [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        written = sum(tensor_bytes(t) for t in outputs)
         read = 0 if name in _EMPTY else sum(tensor_bytes(t) for t in tree_flatten((args, kwargs))[0])
+        if not _writes_in_place(func):
+            tally.alloc += scale * sum(b for b in map(tensor_bytes, outputs) if b >= ALLOC_LARGE_BYTES)
         moved = scale * (read + written)
         tally.flops += flops
         tally.bytes += moved
@@ -325,6 +388,21 @@ class StepAccountant(TorchDispatchMode):
         self.tally.phase_bytes[self.phase] += moved
         if self.phase == "forward":
             self.tally.forward_output_bytes += scale * written
+
+
+def _grouped_conv_backward_flops(args: tuple) -> float:
+    """FLOPs of a grouped (non-transposed) convolution's backward. PyTorch's formula ignores
+    ``groups`` for the weight gradient and counts it ``groups`` times too high (a depthwise
+    convolution's by the channel count); each requested gradient costs what the forward does."""
+    grad_output, weight, output_mask = args[0], args[2], args[10]
+    forward = 2.0 * grad_output.shape[0] * math.prod(grad_output.shape[2:]) * math.prod(weight.shape)
+    return forward * (int(bool(output_mask[0])) + int(bool(output_mask[1])))
+
+
+def _writes_in_place(func: Any) -> bool:
+    """True for in-place and ``out=`` ops: their outputs are buffers that already exist."""
+    schema = getattr(func, "_schema", None)
+    return schema is not None and any(r.alias_info is not None and r.alias_info.is_write for r in schema.returns)
 
 
 def cpu_clock() -> float:
@@ -377,6 +455,7 @@ def account_step(
 
 __all__ = [
     "OP_CLASSES", "COMPUTE_CLASSES", "PHASES", "ClassTally", "StepTally", "FusedRegions", "StepAccountant",
-    "classify", "is_view", "op_name", "tensor_bytes", "cpu_clock", "per_class",
+    "classify", "classify_name", "timed_key", "class_of_timed_key", "is_view", "op_name", "tensor_bytes",
+    "cpu_clock", "per_class", "FUSED_CLASSES", "SHAPE_CLASSES", "ALLOC_LARGE_BYTES",
     "AccountedStep", "account_step",
 ]

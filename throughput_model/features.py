@@ -21,7 +21,14 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten, tree_map
 
-from throughput_model.counting import OP_CLASSES, StepTally, account_step, tensor_bytes
+from throughput_model.counting import (
+    COMPUTE_CLASSES,
+    FUSED_CLASSES,
+    OP_CLASSES,
+    StepTally,
+    account_step,
+    tensor_bytes,
+)
 
 Optimizer = str | Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer]
 
@@ -38,10 +45,14 @@ _OPTIMIZER_FALLBACK = {"sgd": (5.0, 3.0), "adam": (10.0, 10.0), "adamw": (10.0, 
 
 GLOBAL_KEYS: tuple[str, ...] = (
     "batch_size", "gpus", "params", "param_bytes", "grad_bytes", "param_tensors", "dtype_bytes",
-    "activation_bytes", "input_bytes", "flops_forward", "flops_backward", "flops_total", "bytes_total",
-    "ops_total", "module_calls", "allreduce_bytes", "count_complete", "ops_without_formula",
+    "activation_bytes", "flops_forward", "flops_backward", "ops_total", "allreduce_bytes", "count_complete",
 )
-CLASS_KEYS: tuple[str, ...] = tuple(f"{c}_{q}" for c in OP_CLASSES for q in ("flops", "bytes", "ops"))
+CLASS_KEYS: tuple[str, ...] = tuple(
+    f"{c}_{q}" for c in OP_CLASSES
+    for q in (("flops",) if c in COMPUTE_CLASSES else ()) + ("bytes", "ops") + (() if c in FUSED_CLASSES else ("alloc",))
+)
+"""Per class: FLOPs (compute classes), bytes, ops, and large allocations (not for fused regions,
+whose meta-device decomposition allocates buffers the fused kernel does not)."""
 FEATURE_KEYS: tuple[str, ...] = GLOBAL_KEYS + CLASS_KEYS
 MAX_KEYS = 60
 assert len(FEATURE_KEYS) <= MAX_KEYS
@@ -99,15 +110,9 @@ def describe(
         args, kwargs = _call_arguments(batch)
         return loss_of(torch.func.functional_call(model, (params, buffers), args, kwargs, strict=False))
 
-    calls = [0]
-    hooks = [m.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1)) for m in model.modules()]
-    try:
-        if step is not None:
-            _prime_optimizer_state(trainable, step, notes)
-        result = account_step(forward, step)
-    finally:
-        for hook in hooks:
-            hook.remove()
+    if step is not None:
+        _prime_optimizer_state(trainable, step, notes)
+    result = account_step(forward, step)
     tally = result.tally
     complete = result.failed_phase is None
     if not complete:
@@ -129,21 +134,19 @@ def describe(
         "param_tensors": float(len(trainable)),
         "dtype_bytes": float(trainable[0].element_size()) if trainable else 4.0,
         "activation_bytes": tally.forward_output_bytes,
-        "input_bytes": float(sum(tensor_bytes(t) for t in tree_flatten(batch)[0])),
         "flops_forward": tally.phase_flops["forward"],
         "flops_backward": tally.phase_flops["backward"],
-        "flops_total": sum(tally.phase_flops.values()),
-        "bytes_total": sum(tally.phase_bytes.values()),
         "ops_total": float(tally.ops),
-        "module_calls": float(calls[0]),
         "allreduce_bytes": allreduce_bytes(grad_bytes, gpus),
         "count_complete": 1.0 if complete else 0.0,
-        "ops_without_formula": float(tally.ops_without_formula),
     }
     for cls, counts in tally.classes.items():
-        features[f"{cls}_flops"] = counts.flops
+        if cls in COMPUTE_CLASSES:
+            features[f"{cls}_flops"] = counts.flops
         features[f"{cls}_bytes"] = counts.bytes
         features[f"{cls}_ops"] = float(counts.ops)
+        if cls not in FUSED_CLASSES:
+            features[f"{cls}_alloc"] = counts.alloc
     return Description(features, tuple(notes), time.perf_counter() - started, tuple(sorted(tally.unformulated)))
 
 
@@ -216,5 +219,5 @@ def _estimate_missing(tally: StepTally, failed: str | None, trainable: list[torc
         per_byte, per_tensor = _OPTIMIZER_FALLBACK.get(optimizer, _OPTIMIZER_FALLBACK["adamw"])
         counts = tally.classes["optimizer"]
         counts.bytes = per_byte * float(sum(tensor_bytes(p) for p in trainable))
-        counts.ops = int(per_tensor * len(trainable))
+        counts.ops = per_tensor * len(trainable)
         tally.phase_bytes["optimizer"] = counts.bytes

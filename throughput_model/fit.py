@@ -2,14 +2,18 @@
 
 The model, for a device with peak FLOP/s P, memory bandwidth BW and per-op cost tau::
 
-    step = sum over classes c of  a_c * F_c/P  +  b_c * B_c/BW  +  o_c * n_c*tau
+    step = sum over classes c of   r_c * max(F_c/P, B_c/BW)     the roofline
+                                 + v_c * min(F_c/P, B_c/BW)     what compute and memory fail to overlap
+                                 + o_c * n_c * tau              fixed cost per op
+                                 + m_c * A_c/BW                 fresh large buffers (page faults)
 
-F_c, B_c, n_c are the class's FLOPs, bytes and op count (features). The coefficients are
+F_c, B_c, n_c are the class's FLOPs, bytes and op count, A_c the bytes of the large buffers its
+ops allocate (features). The untuned prior is r = o = 1, v = m = 0. The coefficients are
 dimensionless (1 = runs at the device's peak) and learned per operator class from the
 per-class times the profiler measured, never per family, so a new architecture made of
 known operator classes is predicted from what those classes cost elsewhere. Each class
 is a non-negative least-squares fit (scikit-learn ``LinearRegression(positive=True)``)
-weighted for relative error. A class the corpus barely shows borrows its coefficients
+weighted by 1/step time. A class the corpus barely shows borrows its coefficients
 from its physical neighbours (an RNN's FLOPs cost what a GEMM's do, its bytes what an
 element-wise op's do); with nothing to borrow it keeps the untuned roofline prior.
 
@@ -30,25 +34,31 @@ from typing import Iterable, Mapping
 import numpy as np
 from sklearn.linear_model import LinearRegression
 
-from throughput_model.counting import OP_CLASSES
+from throughput_model.counting import OP_CLASSES, class_of_timed_key
 from throughput_model.devices import Device, cpu_device
 from throughput_model.errors import CorpusError
 
-TERMS = ("flops", "bytes", "ops")
+TERMS = ("roofline", "overlap", "ops", "alloc")
 
-BORROW: dict[str, tuple[str, str, str]] = {
-    "conv": ("gemm", "elementwise", "gemm"),
-    "conv_grouped": ("conv", "elementwise", "conv"),
-    "attention": ("gemm", "reduction", "gemm"),
-    "rnn": ("gemm", "elementwise", "elementwise"),
-    "embedding": ("gemm", "movement", "movement"),
+BORROW: dict[str, tuple[str, str, str, str]] = {
+    "conv": ("gemm", "gemm", "gemm", "elementwise"),
+    "conv_depthwise": ("conv", "conv", "conv", "elementwise"),
+    "attention": ("gemm", "gemm", "gemm", "reduction"),
+    "lstm": ("gemm", "gemm", "attention", "elementwise"),
+    "rnn": ("gemm", "gemm", "elementwise", "elementwise"),
+    "random": ("math", "math", "math", "math"),
 }
-"""Where a class with too little data takes its (flops, bytes, ops) coefficients from;
-classes not listed borrow from ("gemm", "elementwise", "elementwise")."""
+"""Where a class with too little data takes each term's coefficient from (a fused LSTM costs
+what a GEMM does per FLOP and what an attention region does per decomposed op); classes not
+listed borrow from "elementwise"."""
 
-MIN_POINTS = 5
+SINGLE_KERNEL_CLASSES = ("lstm",)
+"""Classes that run as one fused kernel on CPUs (oneDNN) and GPUs (cuDNN) alike: the bytes of
+their meta-device decomposition (every step's gates) never reach memory, so only FLOPs count."""
+
+MIN_POINTS = 3
 """A class is fitted when at least this many corpus points spend ``MIN_SHARE`` of their step in it."""
-MIN_SHARE = 0.03
+MIN_SHARE = 0.01
 INTERVAL_QUANTILES = (0.05, 0.95)
 
 
@@ -79,26 +89,29 @@ def corpus_device(corpus: Mapping) -> Device:
 
 
 def class_terms(features: Mapping[str, float], device: Device) -> dict[str, np.ndarray]:
-    """Per class, the three roofline terms in seconds at the device's peaks."""
+    """Per class, the terms of :data:`TERMS` in seconds at the device's peaks."""
     flops_rate = device.flops_for(features.get("dtype_bytes", 4.0))
-    return {
-        c: np.array([
-            features.get(f"{c}_flops", 0.0) / flops_rate,
-            features.get(f"{c}_bytes", 0.0) / device.memory_bandwidth,
+    terms = {}
+    for c in OP_CLASSES:
+        compute = features.get(f"{c}_flops", 0.0) / flops_rate
+        memory = 0.0 if c in SINGLE_KERNEL_CLASSES else features.get(f"{c}_bytes", 0.0) / device.memory_bandwidth
+        terms[c] = np.array([
+            max(compute, memory),
+            min(compute, memory),
             features.get(f"{c}_ops", 0.0) * device.op_overhead_s,
+            features.get(f"{c}_alloc", 0.0) / device.memory_bandwidth,
         ])
-        for c in OP_CLASSES
-    }
+    return terms
 
 
 def roofline_seconds(features: Mapping[str, float], device: Device) -> float:
     """The analytic roofline from FLOPs and bytes alone: each class at the slower of its two peaks."""
-    return float(sum(max(t[0], t[1]) for t in class_terms(features, device).values()))
+    return float(sum(t[0] for t in class_terms(features, device).values()))
 
 
 def prior_seconds(features: Mapping[str, float], device: Device) -> float:
     """The untuned physical prior: the roofline plus the fixed cost of every op."""
-    return float(sum(max(t[0], t[1]) + t[2] for t in class_terms(features, device).values()))
+    return float(sum(t[0] + t[2] for t in class_terms(features, device).values()))
 
 
 def allreduce_seconds(features: Mapping[str, float], gpus: int, device: Device) -> float:
@@ -112,14 +125,17 @@ def allreduce_seconds(features: Mapping[str, float], gpus: int, device: Device) 
 # ---------------------------------------------------------------- the fitted model
 
 
+Coefficients = tuple[float, float, float, float]
+
+
 @dataclass(frozen=True)
 class FittedModel:
     """Per-class coefficients (dimensionless multipliers of the roofline terms) and the
     held-out log-residual quantiles that make the interval."""
 
-    coefficients: dict[str, tuple[float, float, float]]
+    coefficients: dict[str, Coefficients]
     sources: dict[str, str]
-    """Per class: "fitted (N points)", "borrowed from ..." or "prior"."""
+    """Per class: "fitted (N points)" or "borrowed from ..." (per term; "prior" = 1.0)."""
     device: Device
     points: int
     families: tuple[str, ...]
@@ -135,91 +151,93 @@ class FittedModel:
 
     def describe(self) -> str:
         lines = [f"per-class coefficients (1.0 = the device's peak; device: {self.device.source})",
-                 f"{'class':<14}{'a FLOPs':>10}{'b bytes':>10}{'o ops':>10}  source"]
+                 f"{'class':<14}" + "".join(f"{t:>10}" for t in TERMS) + "  source"]
         for c in OP_CLASSES:
-            a, b, o = self.coefficients[c]
-            lines.append(f"{c:<14}{a:>10.3f}{b:>10.3f}{o:>10.3f}  {self.sources[c]}")
+            lines.append(f"{c:<14}" + "".join(f"{v:>10.3f}" for v in self.coefficients[c]) + f"  {self.sources[c]}")
         low, high = self.log_interval
         lines.append(f"90% interval of measured/predicted step time (held-out families): "
                      f"{math.exp(low):.2f}x .. {math.exp(high):.2f}x")
         return "\n".join(lines)
 
 
-def _design(points: list[dict], device: Device) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
-    """Per class, the term matrix (n x 3) and the measured seconds (n); plus the step times."""
-    steps = np.array([p["step_s"] for p in points])
-    terms = [class_terms(p["features"], device) for p in points]
-    X = {c: np.array([t[c] for t in terms]) for c in OP_CLASSES}
-    y = {c: np.zeros(len(points)) for c in OP_CLASSES}
-    for i, p in enumerate(points):
-        measured = p["class_s"]
-        total = sum(measured.values())
-        for c in OP_CLASSES:  # the instrumented split, scaled to the plain step's median
-            y[c][i] = steps[i] * measured.get(c, 0.0) / total if total > 0 else 0.0
-    return X, y, steps
+@dataclass(frozen=True)
+class Design:
+    """The corpus as arrays: per class the term matrix (n x 4) and measured seconds (n)."""
+
+    X: dict[str, np.ndarray]
+    y: dict[str, np.ndarray]
+    steps: np.ndarray
+    families: np.ndarray
+
+    @classmethod
+    def of(cls, points: list[dict], device: Device) -> "Design":
+        steps = np.array([p["step_s"] for p in points])
+        terms = [class_terms(p["features"], device) for p in points]
+        X = {c: np.array([t[c] for t in terms]).reshape(len(points), len(TERMS)) for c in OP_CLASSES}
+        y = {c: np.zeros(len(points)) for c in OP_CLASSES}
+        for i, p in enumerate(points):
+            total = sum(p["op_s"].values())
+            for key, seconds in p["op_s"].items():  # the instrumented split, scaled to the plain step's median
+                y[class_of_timed_key(key)][i] += steps[i] * seconds / total if total > 0 else 0.0
+        return cls(X, y, steps, np.array([p["family"] for p in points]))
+
+    def predict(self, coefficients: Mapping[str, Coefficients], rows: np.ndarray) -> np.ndarray:
+        return sum(self.X[c][rows] @ np.asarray(coefficients[c]) for c in OP_CLASSES)
 
 
-def fit_coefficients(points: list[dict], device: Device) -> tuple[dict[str, tuple[float, float, float]], dict[str, str]]:
-    """Fit every class that the points show enough of; borrow or keep the prior for the rest."""
-    X, y, steps = _design(points, device)
-    weights = 1.0 / np.maximum(steps, 1e-9) ** 2
-    coefficients: dict[str, tuple[float, float, float]] = {}
+def fit_coefficients(design: Design, rows: np.ndarray) -> tuple[dict[str, Coefficients], dict[str, str]]:
+    """Fit every class that the ``rows`` show enough of; borrow or keep the prior for the rest."""
+    steps = design.steps[rows]
+    weights = 1.0 / np.maximum(steps, 1e-9)  # between absolute and relative error: big steps count more
+    coefficients: dict[str, Coefficients] = {}
     sources: dict[str, str] = {}
     for c in OP_CLASSES:
-        shown = int(np.sum(y[c] >= MIN_SHARE * steps))
+        y = design.y[c][rows]
+        shown = int(np.sum(y >= MIN_SHARE * steps))
         if shown < MIN_POINTS:
             continue
         regression = LinearRegression(positive=True, fit_intercept=False)
-        regression.fit(X[c], y[c], sample_weight=weights)
+        regression.fit(design.X[c][rows], y, sample_weight=weights)
         coefficients[c] = tuple(float(v) for v in regression.coef_)  # type: ignore[assignment]
         sources[c] = f"fitted ({shown} points)"
     for c in OP_CLASSES:
         if c in coefficients:
             continue
-        donors = BORROW.get(c, ("gemm", "elementwise", "elementwise"))
-        borrowed = []
-        for term, donor in enumerate(donors):
-            fitted = coefficients.get(donor)
-            borrowed.append(fitted[term] if fitted is not None else 1.0)
-        coefficients[c] = tuple(borrowed)  # type: ignore[assignment]
-        sources[c] = "borrowed from " + "/".join(d if d in sources and sources[d].startswith("fitted") else "prior"
-                                                 for d in donors)
+        donors = BORROW.get(c, ("elementwise",) * len(TERMS))
+        fitted = [d if d in coefficients and sources[d].startswith("fitted") else "prior" for d in donors]
+        coefficients[c] = tuple(  # type: ignore[assignment]
+            coefficients[d][term] if d != "prior" else 1.0 for term, d in enumerate(fitted))
+        sources[c] = "borrowed from " + "/".join(fitted)
     return coefficients, sources
 
 
-def fit(points: list[dict], device: Device, interval: tuple[float, float] | None = None) -> FittedModel:
-    """Fit on ``points``; the interval is computed by leaving each family out in turn unless given."""
+def fit(points: list[dict], device: Device, with_interval: bool = True) -> FittedModel:
+    """Fit on ``points``; the interval comes from leaving each family out in turn."""
     if len(points) < MIN_POINTS:
         raise CorpusError(f"{len(points)} corpus points are too few to fit (need {MIN_POINTS}); profile more")
-    coefficients, sources = fit_coefficients(points, device)
+    design = Design.of(points, device)
+    everything = np.ones(len(points), dtype=bool)
+    coefficients, sources = fit_coefficients(design, everything)
     families = tuple(dict.fromkeys(p["family"] for p in points))
-    if interval is None:
-        interval = held_out_interval(points, device)
+    interval = (math.log(0.5), math.log(2.0))
+    if with_interval:
+        residuals = held_out_log_residuals(design)
+        if len(residuals) >= 2:
+            low, high = np.quantile(residuals, INTERVAL_QUANTILES)
+            interval = (float(low), float(high))
     return FittedModel(coefficients, sources, device, len(points), families, interval)
 
 
-def held_out_interval(points: list[dict], device: Device) -> tuple[float, float]:
-    """Quantiles of log(measured/predicted) when each family is predicted by a fit without it."""
-    residuals = leave_one_family_out_log_residuals(points, device)
-    if len(residuals) < 2:
-        return (math.log(0.5), math.log(2.0))
-    low, high = np.quantile(residuals, INTERVAL_QUANTILES)
-    return float(low), float(high)
-
-
-def leave_one_family_out_log_residuals(points: list[dict], device: Device) -> np.ndarray:
-    families = list(dict.fromkeys(p["family"] for p in points))
-    residuals: list[float] = []
-    if len(families) < 2:
-        return np.array(residuals)
-    for family in families:
-        train = [p for p in points if p["family"] != family]
-        test = [p for p in points if p["family"] == family]
-        if len(train) < MIN_POINTS:
+def held_out_log_residuals(design: Design) -> np.ndarray:
+    """log(measured / predicted) of every point, predicted by a fit that left its family out."""
+    residuals: list[np.ndarray] = []
+    for family in dict.fromkeys(design.families):
+        test = design.families == family
+        if test.all() or np.sum(~test) < MIN_POINTS:
             continue
-        model = fit(train, device, interval=(0.0, 0.0))
-        residuals += [math.log(p["step_s"] / model.step_seconds(p["features"])) for p in test]
-    return np.array(residuals)
+        coefficients, _ = fit_coefficients(design, ~test)
+        residuals.append(np.log(design.steps[test] / design.predict(coefficients, test)))
+    return np.concatenate(residuals) if residuals else np.array([])
 
 
 def points_of(corpus: Mapping, families: Iterable[str] | None = None) -> list[dict]:

@@ -85,6 +85,8 @@ def predict(
     comm = allreduce_seconds(features, gpus, target)
     if target.kind == "cpu":
         model = load_fitted(corpus)
+        if target.source == model.device.source:
+            target = model.device  # the host the corpus was profiled on: its long, two-sided measurement
         compute = model.step_seconds(features, target)
         low_ratio, high_ratio = math.exp(model.log_interval[0]), math.exp(model.log_interval[1])
         slow, fast = compute * high_ratio, compute * low_ratio
@@ -95,7 +97,7 @@ def predict(
                          f"{target.threads} scales by the measured peaks only")
     else:
         terms = class_terms(features, target)
-        roof = sum(max(t[0], t[1]) for t in terms.values())
+        roof = sum(t[0] for t in terms.values())
         launch = sum(t[2] for t in terms.values())
         pessimistic, typical, peak = GPU_EFFICIENCY
         compute = roof / typical + launch

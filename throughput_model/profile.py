@@ -2,7 +2,8 @@
 
 For each (architecture, batch size) point: the features (:func:`features.describe` on the
 meta device, exactly what a job would send), a few warm-up steps, instrumented steps that
-time every operator by class (the same :class:`counting.StepAccountant` that counts the
+time every operator, filed by phase, class and op name (``op_s``; so a later change of the
+class rules needs no new profile), (the same :class:`counting.StepAccountant` that counts the
 features, given a clock) in the middle of plain timed steps (forward, backward, optimizer separately)
 whose medians are the ground truth. The step-time samples are kept, in order, so the online
 correction can be replayed on them.
@@ -29,7 +30,7 @@ from typing import Callable, Iterable
 
 import torch
 
-from throughput_model.counting import OP_CLASSES, account_step, per_class, cpu_clock
+from throughput_model.counting import account_step, cpu_clock
 from throughput_model.devices import cpu_device, cpu_model_name, measure_cpu_numbers
 from throughput_model.features import OPTIMIZERS, describe
 from throughput_model.zoo import ZOO, ZooModel, classification_loss
@@ -64,14 +65,14 @@ def profile_point(model_spec: ZooModel, batch: int, steps: int, warmup: int = 3,
 
     for _ in range(warmup):
         timed_step()
-    class_runs: list[dict[str, float]] = []
+    op_runs: list[dict[str, float]] = []
     samples = [timed_step() for _ in range(steps // 2)]
     for _ in range(instrumented):
         optimizer.zero_grad(set_to_none=True)
         result = account_step(lambda: classification_loss(model(inputs)), optimizer.step, clock=cpu_clock)
         if result.failed_phase is not None:
             raise RuntimeError(f"{model_spec.name}: instrumented step failed in {result.failed_phase}: {result.error}")
-        class_runs.append(per_class(result.tally, "seconds"))
+        op_runs.append(result.tally.op_seconds)
     samples += [timed_step() for _ in range(steps - steps // 2)]
     totals = [sum(s[:3]) for s in samples]
     return {
@@ -86,7 +87,8 @@ def profile_point(model_spec: ZooModel, batch: int, steps: int, warmup: int = 3,
         "optimizer_s": statistics.median(s[2] for s in samples),
         "step_samples_s": [round(t, 7) for t in totals],
         "step_wall_s": statistics.median(s[3] for s in samples),
-        "class_s": {c: statistics.median(run[c] for run in class_runs) for c in OP_CLASSES},
+        "op_s": {key: statistics.median(run.get(key, 0.0) for run in op_runs)
+                 for key in sorted(set().union(*op_runs))},
     }
 
 

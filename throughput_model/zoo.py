@@ -187,15 +187,18 @@ class SelfAttention(nn.Module):
 
 
 class PreNormBlock(nn.Module):
-    def __init__(self, dim: int, heads: int, causal: bool, mlp_ratio: int) -> None:
+    """Pre-norm transformer block; ``dropout`` on the residual branches (GPT-2 style)."""
+
+    def __init__(self, dim: int, heads: int, causal: bool, mlp_ratio: int, dropout: float = 0.0) -> None:
         super().__init__()
         self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
         self.attn = SelfAttention(dim, heads, causal)
         self.mlp = nn.Sequential(nn.Linear(dim, mlp_ratio * dim), nn.GELU(), nn.Linear(mlp_ratio * dim, dim))
+        self.drop = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
+        x = x + self.drop(self.attn(self.norm1(x)))
+        return x + self.drop(self.mlp(self.norm2(x)))
 
 
 class Decoder(nn.Module):
@@ -205,7 +208,7 @@ class Decoder(nn.Module):
         super().__init__()
         self.tokens = nn.Embedding(vocab, dim)
         self.positions = nn.Parameter(torch.zeros(1, seq, dim))
-        self.blocks = nn.Sequential(*[PreNormBlock(dim, heads, True, 4) for _ in range(depth)])
+        self.blocks = nn.Sequential(*[PreNormBlock(dim, heads, True, 4, dropout=0.1) for _ in range(depth)])
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, vocab, bias=False)
 
@@ -331,11 +334,12 @@ def _zoo() -> list[ZooModel]:
         (16, (1, 1, 1), False, 1, 32, (4, 16, 32), True), (16, (2, 2, 2), False, 1, 32, (4, 12, 24), False),
         (32, (1, 1, 1), False, 1, 32, (2, 8, 16), False), (32, (2, 2), False, 4, 32, (2, 8, 16), False),
         (16, (1, 1, 1), True, 1, 32, (4, 16, 32), False), (24, (2, 2, 2), True, 4, 32, (2, 6, 12), True),
-        (16, (2, 2, 2, 2), False, 1, 64, (1, 4, 8), False), (32, (1, 1, 1, 1), True, 8, 32, (2, 6, 12), False),
+        (16, (2, 2, 2, 2), False, 1, 64, (2, 8, 16), False), (32, (1, 1, 1, 1), True, 8, 32, (2, 6, 12), False),
     ]:
         kind = "bneck" if bottleneck else "basic"
+        stem = image >= 64  # ImageNet-style stem (7x7/2 conv, 3x3/2 max pool) on the larger images
         add(f"resnet-{kind}-w{width}-{'x'.join(map(str, blocks))}-g{groups}-i{image}", "resnet",
-            lambda w=width, b=blocks, bn=bottleneck, g=groups: ResNet(w, b, bn, g, 10, False),
+            lambda w=width, b=blocks, bn=bottleneck, g=groups, s=stem: ResNet(w, b, bn, g, 10, s),
             _images(image), batches, "sgd", quick)
 
     for width, stages, expand, squeeze, image, batches, quick in [
