@@ -1,25 +1,23 @@
 """The jobs' true curves, measured separately, for the ``oracle`` policy.
 
-Each job of the mix runs alone, unmanaged (no controller), with two workers, for
-a few seconds: its CPU time over the training loop (main process and workers)
-divided by its samples is p, the CPU seconds one sample really costs, overheads
-included. Its loading curve is then T_load(c) = c/p, M is its batch over its
-emulated compute time, and b the bytes it reads from the device per sample (the
-raw sample size for a job bound by reads, 0 for JPEGs served by the page cache).
-Results are cached per job shape under the benchmark's cache directory.
+Each job of the mix runs alone on the benchmark's node (a controller under the
+``static`` policy: nothing limited) with two workers, its emulated GPU far quicker
+than its loading, for a few seconds: its CPU time over the training loop (main
+process and workers) divided by its samples is p, the CPU seconds one sample
+really costs, overheads included. Its loading curve is then T_load(c) = c/p, M is
+its batch over its emulated compute time, and b the bytes it reads from the
+device per sample (the raw sample size for a job bound by reads, 0 for JPEGs
+served by the page cache). Results are cached per job shape under the cache directory.
 """
 from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
-import sys
-import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from bench.mix import JobSpec, Mix
-from bench.runner import REPO, BenchError
+from bench.runner import NodeSetup, run_policy
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +25,7 @@ PROBE_SECONDS = 4.0
 PROBE_WORKERS = 2
 
 
-def true_curves(mix: Mix, datasets: dict[str, Path], cache_dir: Path) -> dict[str, dict]:
+def true_curves(mix: Mix, datasets: dict[str, Path], cache_dir: Path, node: NodeSetup, workdir: Path) -> dict[str, dict]:
     """{job name: {"max_throughput", "loading_curve", "bytes_per_sample", "cpu_s_per_sample"}}
     in the format controller/policies/oracle.py reads."""
     cache_file = cache_dir / "true-cpu-per-sample.json"
@@ -36,8 +34,8 @@ def true_curves(mix: Mix, datasets: dict[str, Path], cache_dir: Path) -> dict[st
     for spec in mix.jobs:
         key = f"px{spec.image_px}-b{spec.batch_size}-{'raw' if spec.io_bound else 'jpeg'}"
         if key not in cache:
-            log.info("calibrating %s (%s) alone for %.0fs", spec.name, key, PROBE_SECONDS)
-            cache[key] = probe_cpu_per_sample(spec, datasets[spec.name])
+            log.info("calibrating %s (%s) alone for about %.0fs", spec.name, key, PROBE_SECONDS)
+            cache[key] = probe_cpu_per_sample(spec, datasets[spec.name], node, workdir)
             cache_dir.mkdir(parents=True, exist_ok=True)
             cache_file.write_text(json.dumps(cache, indent=1) + "\n")
         p = cache[key]
@@ -50,32 +48,22 @@ def true_curves(mix: Mix, datasets: dict[str, Path], cache_dir: Path) -> dict[st
     return curves
 
 
-def probe_cpu_per_sample(spec: JobSpec, dataset: Path) -> float:
+def probe_cpu_per_sample(spec: JobSpec, dataset: Path, node: NodeSetup, workdir: Path) -> float:
     """CPU seconds per sample of ``spec`` run alone: loop CPU time / samples."""
-    with tempfile.TemporaryDirectory(prefix="adl-calibrate-") as tmp:
-        timeline = Path(tmp) / "probe.json"
-        samples = max(4 * spec.batch_size, int(PROBE_SECONDS * _rough_rate(spec)))
-        command = [
-            sys.executable, "-m", "bench.job", "--name", f"probe-{spec.name}", "--dataset", str(dataset),
-            "--image-px", str(spec.image_px), "--batch-size", str(spec.batch_size),
-            # as fast as the loader can go: an emulated GPU far quicker than loading
-            "--compute-ms", "0.1", "--samples", str(samples),
-            "--num-workers", str(PROBE_WORKERS), "--timeline", str(timeline),
-        ] + (["--io-bound"] if spec.io_bound else [])
-        environ = {k: v for k, v in os.environ.items() if not k.startswith("ADLOADER_")}
-        environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), environ.get("PYTHONPATH")]))
-        result = subprocess.run(command, cwd=REPO, env=environ, capture_output=True, text=True, timeout=300)
-        if result.returncode != 0:
-            raise BenchError(f"calibration of {spec.name} failed ({result.returncode}): {result.stderr[-2000:]}")
-        data = json.loads(timeline.read_text())
-    return float(data["cpu_s"]) / float(data["samples"])
+    samples = max(4 * spec.batch_size, int(PROBE_SECONDS * _rough_rate(spec)))
+    probe = replace(spec, name=f"probe-{spec.name}", compute_ms_per_batch=0.1, samples=samples,
+                    arrival_s=0.0, num_workers=PROBE_WORKERS)
+    run = run_policy(Mix(jobs=(probe,), name="calibration"), "static", {probe.name: dataset},
+                     workdir / "calibration", node)
+    timeline = run.jobs[0].timeline or {}
+    return float(timeline["cpu_s"]) / float(timeline["samples"])
 
 
 def _rough_rate(spec: JobSpec) -> float:
     """Samples/s a two-core loader reaches, roughly, to size the probe (not a measurement)."""
     if spec.io_bound:
         return 400.0
-    return 2.0 / (0.3e-3 + 12e-9 * spec.image_px * spec.image_px)
+    return 2.0 / (0.3e-3 + 27e-9 * spec.image_px * spec.image_px)
 
 
 def write_curves(path: Path, curves: dict[str, dict]) -> Path:

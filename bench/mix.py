@@ -161,11 +161,13 @@ def _job_problems(raw: dict[str, Any]) -> list[str]:
     return problems
 
 
-def random_mix(seed: int, jobs: int = 4, horizon_s: float = 40.0, read_bps: float = 200e6) -> Mix:
-    """A reproducible random mix: ``jobs`` jobs arriving within the first third of
-    ``horizon_s``, heterogeneous in GPUs (1, 2, 4), image size (CPU per sample),
-    emulated compute and length, one of them bound by reads, each sized to run for
-    roughly ``horizon_s``/2 at full speed."""
+def random_mix(seed: int, jobs: int = 4, horizon_s: float = 40.0, read_bps: float = 600e6, cores: float = 2.0) -> Mix:
+    """A reproducible random mix for ``cores`` CPUs: ``jobs`` jobs arriving within the
+    first third of ``horizon_s``, heterogeneous in GPUs (1, 2, 4), image size (CPU per
+    sample), emulated compute and length, one of them bound by reads. Each runs for
+    ``horizon_s``/3 to ``horizon_s``/2 at full speed, or less when its loading would
+    need more than a fifth to a half of the node for the whole horizon (a rough cost
+    model sizes it: p ≈ 0.3 ms + 27 ns·px², 0.45 ms per raw sample)."""
     rng = random.Random(seed)
     specs = []
     reader = rng.randrange(jobs)
@@ -173,15 +175,18 @@ def random_mix(seed: int, jobs: int = 4, horizon_s: float = 40.0, read_bps: floa
         io_bound = i == reader
         batch = rng.choice([16, 32, 64])
         compute_ms = rng.uniform(30.0, 150.0)
+        px = rng.choice([384, 512]) if io_bound else rng.choice([96, 160, 224, 320, 448])
         m = batch / (compute_ms / 1000.0)
-        run_s = rng.uniform(0.35, 0.6) * horizon_s
+        cpu_per_sample = 0.45e-3 if io_bound else 0.3e-3 + 27e-9 * px * px
+        work_budget = rng.uniform(0.2, 0.5) * cores * horizon_s / jobs * 2  # core-seconds
+        samples = min(m * rng.uniform(1 / 3, 1 / 2) * horizon_s, work_budget / cpu_per_sample)
         specs.append(JobSpec(
             name=f"r{seed}-{i}{'-io' if io_bound else ''}",
             gpus=rng.choice([1, 1, 2, 4]),
             batch_size=batch,
             compute_ms_per_batch=round(compute_ms, 1),
-            image_px=rng.choice([384, 512]) if io_bound else rng.choice([96, 160, 224, 320, 448]),
-            samples=max(batch, int(m * run_s)),
+            image_px=px,
+            samples=max(batch, int(samples)),
             arrival_s=0.0 if i == 0 else round(rng.uniform(0.0, horizon_s / 3), 1),
             num_workers=rng.choice([1, 2, 4, 8]),
             io_bound=io_bound,

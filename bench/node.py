@@ -132,7 +132,7 @@ def benchmark(
     if "oracle" in policies:
         from bench.calibrate import true_curves, write_curves
 
-        truth = true_curves(mix, datasets, cache)
+        truth = true_curves(mix, datasets, cache, node, workdir)
         oracle_curves = write_curves(workdir / "true-curves.json", truth)
     runs = []
     for repeat in range(repeats):
