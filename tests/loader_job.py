@@ -4,7 +4,8 @@ It changes nothing but the import (``from adloader import DataLoader``), loads
 a map-style dataset that does some CPU work per sample, "computes" each step by
 sleeping (GPU-emulated), and runs whole epochs until ``--seconds`` have passed.
 Under torchrun (``--distributed``) it joins a gloo process group and shards the
-data with DistributedSampler. At the end each rank writes ``rank<N>.json`` into
+data with DistributedSampler. It stops at an epoch boundary once ``--seconds``
+have passed or ``--stop-file`` exists. At the end each rank writes ``rank<N>.json`` into
 ``--out``: the indices it saw per epoch, its final worker setting, the worker
 pids it ran and its loader counters.
 """
@@ -43,7 +44,9 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=400)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--compute-s", type=float, default=0.01, help="emulated GPU time per step")
-    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--seconds", type=float, default=5.0, help="run whole epochs for this long at most")
+    parser.add_argument("--stop-file", type=Path, default=None,
+                        help="stop after the epoch during which this file appears (tests set --seconds high)")
     parser.add_argument("--distributed", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -63,7 +66,7 @@ def main() -> int:
                         persistent_workers=True)
     epochs, pids = [], set()
     deadline = time.monotonic() + args.seconds
-    while time.monotonic() < deadline or not epochs:
+    while not epochs or (time.monotonic() < deadline and not (args.stop_file and args.stop_file.exists())):
         if sampler is not None:
             sampler.set_epoch(len(epochs))
         seen = []

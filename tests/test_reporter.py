@@ -19,13 +19,14 @@ from fixtures.managed import REPO, ControllerProcess, base_environment, wait_unt
 SCRIPT = REPO / "tests" / "loader_job.py"
 
 
-def _run_job(controller: ControllerProcess, out: Path, seconds: float, *extra: str):
-    return controller.run(sys.executable, str(SCRIPT), "--out", str(out), "--seconds", str(seconds), *extra,
-                          name="loader-job")
+def _run_job(controller: ControllerProcess, out: Path, *extra: str):
+    """The job trains until the test creates ``out``/stop (its lifetime must outlast a loaded machine)."""
+    return controller.run(sys.executable, str(SCRIPT), "--out", str(out), "--seconds", "120",
+                          "--stop-file", str(out / "stop"), *extra, name="loader-job")
 
 
 def test_a_job_reports_its_loader_and_follows_the_worker_target(controller: ControllerProcess, tmp_path: Path) -> None:
-    job = _run_job(controller, tmp_path, 4.0, "--workers", "3")
+    job = _run_job(controller, tmp_path, "--workers", "3")
     job_id = controller.registered(job).job_id
 
     def target_applied():
@@ -39,6 +40,7 @@ def test_a_job_reports_its_loader_and_follows_the_worker_target(controller: Cont
     assert snap.workers_target < 3, "one core (--cpus 0) under the even policy asks for fewer workers"
     assert snap.ranks_reporting == 1 and snap.batch_size == 4
     assert snap.loader_cpu_seconds_total > 0 and snap.compute_seconds_total > 0
+    (tmp_path / "stop").touch()
     assert job.wait(60) == 0, job.output()
     result = json.loads((tmp_path / "rank0.json").read_text())
     assert result["num_workers"] == snap.workers_target
@@ -48,7 +50,7 @@ def test_a_job_reports_its_loader_and_follows_the_worker_target(controller: Cont
 
 @pytest.mark.slow
 def test_the_reporter_rides_out_a_controller_restart(controller: ControllerProcess, tmp_path: Path) -> None:
-    job = _run_job(controller, tmp_path, 10.0, "--workers", "2")
+    job = _run_job(controller, tmp_path, "--workers", "2")
     job_id = controller.registered(job).job_id
     before = wait_until(lambda: (s := controller.job(job_id)) and s.samples_total > 0 and s, 30.0, "a first report")
     controller.kill()
@@ -56,6 +58,7 @@ def test_the_reporter_rides_out_a_controller_restart(controller: ControllerProce
     controller.start()
     wait_until(lambda: (s := controller.job(job_id)) and s.samples_total > before.samples_total, 30.0,
                f"reports to resume after the restart; log:\n{controller.log()}")
+    (tmp_path / "stop").touch()
     assert job.wait(60) == 0, job.output()
     _, err = job.output()
     assert err.count("adloader: lost the controller") == 1, err

@@ -18,11 +18,13 @@ def test_two_ranks_report_separately_and_the_controller_sums_them(controller: Co
                                                                   tmp_path: Path) -> None:
     job = controller.run(
         sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(SCRIPT),
-        "--distributed", "--out", str(tmp_path), "--workers", "2", "--seconds", "5", name="torchrun-job",
+        "--distributed", "--out", str(tmp_path), "--workers", "2", "--seconds", "120",
+        "--stop-file", str(tmp_path / "stop"), name="torchrun-job",
     )
     job_id = controller.registered(job).job_id
     snap = wait_until(lambda: (s := controller.job(job_id)) and s.ranks_reporting == 2 and s.samples_total > 0 and s,
                       60.0, f"both ranks to report; log:\n{controller.log()}")
+    (tmp_path / "stop").touch()
     assert job.wait(90) == 0, job.output()
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert [r["rank"] for r in ranks] == [0, 1] and ranks[0]["pid"] != ranks[1]["pid"]
