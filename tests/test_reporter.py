@@ -25,6 +25,7 @@ def _run_job(controller: ControllerProcess, out: Path, *extra: str):
                           "--stop-file", str(out / "stop"), *extra, name="loader-job")
 
 
+@pytest.mark.slow
 def test_a_job_reports_its_loader_and_follows_the_worker_target(controller: ControllerProcess, tmp_path: Path) -> None:
     job = _run_job(controller, tmp_path, "--workers", "3")
     job_id = controller.registered(job).job_id
