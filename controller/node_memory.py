@@ -39,14 +39,23 @@ class NodeMemory:
 
     def __init__(self, state_dir: Path, device: str) -> None:
         self.device = device
-        self.history: JobHistory | None = None
-        try:
-            self.history = JobHistory(Path(state_dir) / HISTORY_FILE)
-        except (OSError, sqlite3.Error) as exc:  # a read-only or full state dir must not stop the node
-            log.warning("job history %s is unavailable (%s): predicting from the model alone, recording "
-                        "nothing; make the state directory writable to keep a history",
-                        Path(state_dir) / HISTORY_FILE, exc)
+        self.path = Path(state_dir) / HISTORY_FILE
+        self._history: JobHistory | None = None
+        self._opened = False
         self._predictor = None
+
+    @property
+    def history(self) -> JobHistory | None:
+        """The history, opened at first use (a controller that refuses to start touches nothing);
+        None when the state directory cannot hold it."""
+        if not self._opened:
+            self._opened = True
+            try:
+                self._history = JobHistory(self.path)
+            except (OSError, sqlite3.Error) as exc:  # a read-only or full state dir must not stop the node
+                log.warning("job history %s is unavailable (%s): predicting from the model alone, recording "
+                            "nothing; make the state directory writable to keep a history", self.path, exc)
+        return self._history
 
     def predict(self, features: dict[str, float], gpus: int) -> tuple[float, float, float] | None:
         """M and its interval for a job with these features: its own earlier runs, else the model."""
@@ -60,9 +69,10 @@ class NodeMemory:
         self, snapshot: JobSnapshot, features: dict[str, float] | None, loading_curve: tuple[tuple[float, float], ...]
     ) -> None:
         """Store a finished job (only one that processed samples: an aborted start teaches nothing)."""
-        if self.history is None or snapshot.samples_total <= 0:
+        history = self.history
+        if history is None or snapshot.samples_total <= 0:
             return
-        self.history.record(
+        history.record(
             FinishedJob.from_snapshot(snapshot, features=features, loading_curve=loading_curve, device=self.device)
         )
         log.info("job %s (%s) recorded in the node's history: %d samples", snapshot.job_id, snapshot.name,
@@ -70,7 +80,8 @@ class NodeMemory:
 
     def expected_samples(self, name: str, features: dict[str, float] | None) -> float | None:
         """Samples earlier runs of the same job (same name and features) processed, or None."""
-        if self.history is None:
+        history = self.history
+        if history is None:
             return None
-        estimate = self.history.lookup(name, features)
+        estimate = history.lookup(name, features)
         return estimate.samples if estimate is not None and estimate.samples > 0 else None
