@@ -42,7 +42,9 @@ from bench.reliability_faults import (
 from bench.reliability_fuzz import run_fuzz
 from bench.reliability_load import raise_fd_limit, run_load
 from bench.reliability_node import Node
-from bench.reliability_state import run_on_unwritable_state_dir, small_tmpfs, start_on_state, state_variants
+from bench.reliability_state import (
+    run_on_unwritable_state_dir, saved_state, small_tmpfs, start_on_state, state_variants,
+)
 from controller.cpuspec import parse_cpus
 
 PERIOD = 0.5
@@ -178,7 +180,7 @@ def run_state_faults(scale: Scale, log: Any) -> list[dict[str, Any]]:
     full and a read-only state directory."""
     with fresh_node() as probe:
         _start_jobs(probe, 1)
-        original = (probe.controller.state_dir / "state.json").read_bytes()
+        original = saved_state(probe)
     variants = state_variants(original, range(0, len(original), scale.truncation_stride))
     log(f"damaged state files: {len(variants)} starts ({len(original)}-byte file)")
     halves = [variants[0::2], variants[1::2]]
@@ -220,7 +222,7 @@ def run_clients(scale: Scale) -> dict[str, Any]:
     not be throttled by the split, or their CPU quota would show up as reply latency."""
     with fresh_node(cpus="0-1", policy="static") as node:
         report = run_load(node, scale.load_jobs, scale.load_connections, scale.load_seconds, scale.cycles,
-                          scale.slow_clients)
+                          scale.slow_clients, echo=True)
         _, left = node.wait_consistent(SETTLE_S)
     return {**asdict(report), "violations": report.violations + left}
 
@@ -274,6 +276,8 @@ def print_table(result: dict[str, Any]) -> None:
                          f"slow (half a line)"),
         ("  reply latency p50 / p99 / max", f"{load['latency_p50_ms']:.2f} / {load['latency_p99_ms']:.2f} / "
                                             f"{load['latency_max_ms']:.2f} ms ({load['replies']} replies)"),
+        ("  same reports to a canned-reply server", f"{load['echo_p50_ms']:.2f} / {load['echo_p99_ms']:.2f} ms "
+                                                    "p50 / p99 (interleaved: what the machine adds)"),
         ("  blocked clients", str(load["blocked"])),
         ("  connect/disconnect cycles", f"{load['cycles']} ({load['cycles_per_s']:.0f}/s, beside the load)"),
         ("  controller fds baseline / peak / after", f"{load['fds_baseline']} / {load['fds_peak']} / {load['fds_after']}"),

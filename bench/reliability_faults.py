@@ -74,6 +74,10 @@ def crash_at_fault_point(node: Node, spec: str, settle_s: float, timeout: float 
     controller = node.controller
     name = spec.partition("@")[0]
     marker = f"fault point {name} hit"
+    for _ in range(5):  # at least two managed jobs: something to adopt, to end, to reallocate between
+        if len([j for j in node.live_jobs() if node.job_id_of(j.handle.proc.pid)]) >= 2:
+            break
+        node.wait_registered(node.start_job(name=f"steady-{len(node.jobs)}"))
     hits_before = controller.log().count(marker)
     controller.kill()
     controller.environ[faults.ENV_VAR] = spec

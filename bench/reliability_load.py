@@ -8,21 +8,28 @@ Two halves:
   * :func:`run_load` drives a node: it holds slow clients (half a line written, never
     finished until the end), starts the load jobs, runs connect/disconnect cycles beside
     them, samples the controller's file descriptors, memory and CPU, and checks that
-    nobody was kept waiting and that the descriptors went back to the baseline.
+    nobody was kept waiting and that the descriptors went back to the baseline;
+    with ``echo``, every rank also sends each report to a server that only sends canned
+    replies (``--echo PATH``), half an interval later: on a shared machine, what the
+    machine itself adds to a reply's latency, measured under the same load.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import os
 import random
 import resource
 import socket
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -33,6 +40,7 @@ from bench.reliability_node import Node, poll
 
 SLOW_PREFIX = b'{"v":1,"type":"sta'
 """What a slow client writes, and then holds: half of a status request."""
+SLOW_REPLY_MS = 500.0
 
 
 @dataclass
@@ -47,6 +55,10 @@ class ClientFigures:
     failures: dict[str, int] = field(default_factory=dict)
     """Connection errors and Error replies, by kind."""
     latencies_ms: list[float] = field(default_factory=list)
+    echo_latencies_ms: list[float] = field(default_factory=list)
+    """The same reports' replies from the canned-reply server (``--echo-socket``)."""
+    slow_replies: list[tuple[float, float]] = field(default_factory=list)
+    """(Unix time sent, milliseconds) of each reply slower than SLOW_REPLY_MS: when the stalls were."""
 
 
 def raise_fd_limit() -> int:
@@ -60,10 +72,38 @@ def raise_fd_limit() -> int:
 # ---------------------------------------------------------------- the job side
 
 
-async def _rank(rank: int, world: int, job_id: str, path: str, seconds: float, interval: float, timeout: float,
-                figures: ClientFigures, failures: Counter) -> None:
-    try:
+class _Channel:
+    """One rank's connection to one server, timing each request's reply."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, latencies: list[float]) -> None:
+        self.reader, self.writer, self.latencies = reader, writer, latencies
+
+    @classmethod
+    async def open(cls, path: str, latencies: list[float]) -> "_Channel":
         reader, writer = await asyncio.open_unix_connection(path, limit=protocol.MAX_LINE_BYTES + 1)
+        return cls(reader, writer, latencies)
+
+    async def ask(self, line: bytes, timeout: float) -> bytes | None:
+        """Send ``line``; the reply line (timed), b"" if the server closed, None on timeout."""
+        started = time.perf_counter()
+        self.writer.write(line)
+        try:
+            reply = await asyncio.wait_for(self.reader.readline(), timeout)
+        except asyncio.TimeoutError:
+            return None
+        if reply:
+            self.latencies.append((time.perf_counter() - started) * 1000)
+        return reply
+
+
+async def _rank(rank: int, world: int, job_id: str, path: str, echo_path: str | None, seconds: float,
+                interval: float, timeout: float, figures: ClientFigures, failures: Counter) -> None:
+    """Report every ``interval`` seconds to the controller at ``path`` and, half an interval
+    later, the same report to the canned-reply server at ``echo_path`` (when given): both
+    are timed under the same machine load."""
+    try:
+        controller = await _Channel.open(path, figures.latencies_ms)
+        echo = await _Channel.open(echo_path, figures.echo_latencies_ms) if echo_path else None
     except OSError as exc:
         failures[f"connect: {exc.strerror or exc}"] += 1
         return
@@ -74,46 +114,74 @@ async def _rank(rank: int, world: int, job_id: str, path: str, seconds: float, i
         while time.monotonic() < end:
             next_at = time.monotonic() + interval
             samples += 32
-            report = protocol.Report(job_id=job_id, rank=rank, world_size=world, batch_size=32, samples=samples,
-                                     batches=samples // 32, compute_s=samples / 3200, num_workers=1)
-            started = time.perf_counter()
-            writer.write(protocol.encode(report))
+            line = protocol.encode(protocol.Report(job_id=job_id, rank=rank, world_size=world, batch_size=32,
+                                                   samples=samples, batches=samples // 32, compute_s=samples / 3200,
+                                                   num_workers=1))
             figures.requests += 1
-            try:
-                line = await asyncio.wait_for(reader.readline(), timeout)
-            except asyncio.TimeoutError:
+            sent_at = time.time()
+            reply = await controller.ask(line, timeout)
+            if reply is None:
                 figures.timeouts += 1
                 return
-            if not line:
+            if not reply:
                 failures["closed by the controller"] += 1
                 return
-            figures.latencies_ms.append((time.perf_counter() - started) * 1000)
             figures.replies += 1
+            if controller.latencies[-1] > SLOW_REPLY_MS:
+                figures.slow_replies.append((round(sent_at, 3), round(controller.latencies[-1], 1)))
             try:
-                reply = protocol.decode(line.rstrip(b"\n"))
+                decoded = protocol.decode(reply.rstrip(b"\n"))
             except ProtocolError as exc:
                 failures[f"bad reply: {exc.code}"] += 1
                 continue
-            if isinstance(reply, protocol.Error):
-                failures[f"error reply: {reply.code}"] += 1
+            if isinstance(decoded, protocol.Error):
+                failures[f"error reply: {decoded.code}"] += 1
+            if echo is not None:
+                await asyncio.sleep(max(0.0, next_at - interval / 2 - time.monotonic()))
+                if not await echo.ask(line, timeout):
+                    failures["the canned-reply server did not answer"] += 1
             await asyncio.sleep(max(0.0, next_at - time.monotonic()))
     except (ConnectionError, OSError) as exc:
         failures[f"connection: {type(exc).__name__}"] += 1
     finally:
-        writer.close()
+        controller.writer.close()
+        if echo is not None:
+            echo.writer.close()
 
 
-async def _load(connections: int, seconds: float, interval: float, timeout: float) -> ClientFigures:
+async def _load(connections: int, seconds: float, interval: float, timeout: float, path: str,
+                echo_path: str | None) -> ClientFigures:
     job_id = env.job_id()
     figures, failures = ClientFigures(), Counter()
     if job_id is None:
         figures.failures = {"not managed: ADLOADER_JOB_ID unset": 1}
         return figures
-    path = str(paths.default_socket_path())
-    await asyncio.gather(*(_rank(rank, connections, job_id, path, seconds, interval, timeout, figures, failures)
-                           for rank in range(connections)))
+    await asyncio.gather(*(_rank(rank, connections, job_id, path, echo_path, seconds, interval, timeout, figures,
+                                 failures) for rank in range(connections)))
     figures.failures = dict(failures)
     return figures
+
+
+async def _echo(path: str) -> None:
+    """The cheapest server that speaks the protocol: every line gets a canned reply at once
+    (a status reply to a status request, a target to anything else). The baseline that shows
+    what the machine itself adds to a reply's latency."""
+    status, target = protocol.encode(protocol.Status()), protocol.encode(protocol.Target(num_workers=1))
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while line := await reader.readline():
+                writer.write(status if b'"status"' in line else target)
+                await writer.drain()
+        except (ConnectionError, ValueError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_unix_server(serve, path=path, limit=protocol.MAX_LINE_BYTES + 1)
+    os.chmod(path, 0o666)
+    async with server:
+        await server.serve_forever()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,10 +190,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between one rank's reports")
     parser.add_argument("--timeout", type=float, default=10.0, help="a reply later than this is a blocked client")
+    parser.add_argument("--echo-socket", default=None, metavar="PATH",
+                        help="also send each report to the canned-reply server at PATH, half an interval later")
+    parser.add_argument("--echo", default=None, metavar="PATH", help="instead, serve canned replies on PATH")
     args = parser.parse_args(argv)
     raise_fd_limit()
-    figures = asyncio.run(_load(args.connections, args.seconds, args.interval, args.timeout))
+    if args.echo:
+        asyncio.run(_echo(args.echo))
+        return 0
+    figures = asyncio.run(_load(args.connections, args.seconds, args.interval, args.timeout,
+                                str(paths.default_socket_path()), args.echo_socket))
     figures.latencies_ms = [round(x, 3) for x in figures.latencies_ms]
+    figures.echo_latencies_ms = [round(x, 3) for x in figures.echo_latencies_ms]
     print(json.dumps(asdict(figures)), flush=True)
     return 0
 
@@ -176,13 +252,39 @@ class LoadReport:
     rss_after: int
     controller_cpu_percent: float
     """Controller CPU time over the load phase, in percent of one core."""
+    echo_p50_ms: float | None
+    """The same clients' reports to a canned-reply server, interleaved (None: not measured)."""
+    echo_p99_ms: float | None
     violations: list[str]
 
 
 def run_load(node: Node, jobs: int, connections: int, seconds: float, cycles: int, slow_clients: int,
-             interval: float = 1.0) -> LoadReport:
+             interval: float = 1.0, echo: bool = False) -> LoadReport:
     """``jobs`` load jobs of ``connections`` reporting ranks each for ``seconds``, with
-    ``cycles`` connect/disconnect cycles and ``slow_clients`` half-written lines alongside."""
+    ``cycles`` connect/disconnect cycles and ``slow_clients`` half-written lines alongside.
+    With ``echo``, each rank also sends every report to a canned-reply server half an
+    interval later, so the report shows what the machine alone adds to a reply's latency."""
+    with tempfile.TemporaryDirectory(prefix="adl-echo-") as directory:
+        echo_path = os.path.join(directory, "echo.sock") if echo else None
+        server = _start_echo(echo_path, node.controller.environ) if echo_path else None
+        try:
+            return _run_load(node, jobs, connections, seconds, cycles, slow_clients, interval, echo_path)
+        finally:
+            if server is not None:
+                server.kill()
+                server.wait()
+
+
+def _start_echo(path: str, environ: dict[str, str]) -> subprocess.Popen:
+    os.chmod(os.path.dirname(path), 0o755)
+    server = subprocess.Popen([sys.executable, "-m", "bench.reliability_load", "--echo", path],
+                              cwd=Path(__file__).resolve().parents[1], env=environ)
+    poll(lambda: os.path.exists(path) or server.poll() is not None, 30)
+    return server
+
+
+def _run_load(node: Node, jobs: int, connections: int, seconds: float, cycles: int, slow_clients: int,
+              interval: float, echo_path: str | None) -> LoadReport:
     raise_fd_limit()
     controller = node.controller
     process = psutil.Process(controller.proc.pid)
@@ -192,8 +294,9 @@ def run_load(node: Node, jobs: int, connections: int, seconds: float, cycles: in
     sampler.start()
     slow = [_slow_client(controller.socket) for _ in range(slow_clients)]
     started = time.monotonic()
+    echo = ("--echo-socket", echo_path) if echo_path else ()
     load_jobs = [node.controller.run(sys.executable, "-m", "bench.reliability_load", "--connections",
-                                     str(connections), "--seconds", str(seconds), "--interval", str(interval),
+                                     str(connections), "--seconds", str(seconds), "--interval", str(interval), *echo,
                                      name=f"load-{i}") for i in range(jobs)]
     poll(lambda: controller.status().connected_clients >= jobs * (connections + 1) + slow_clients, 60, interval=0.2)
     cycled = _cycle_connections(controller.socket, cycles)  # while the load clients report
@@ -208,6 +311,7 @@ def run_load(node: Node, jobs: int, connections: int, seconds: float, cycles: in
 
     figures = [_figures(job) for job in load_jobs]
     latencies = sorted(x for f in figures for x in f.latencies_ms)
+    echo_latencies = sorted(x for f in figures for x in f.echo_latencies_ms)
     failures: Counter = Counter()
     for f in figures:
         failures.update(f.failures)
@@ -232,7 +336,8 @@ def run_load(node: Node, jobs: int, connections: int, seconds: float, cycles: in
         cycles_per_s=cycled.done / cycled.seconds if cycled.seconds else 0.0, slow_clients=slow_clients,
         fds_baseline=fds_baseline, fds_peak=sampler.peak_fds, fds_after=fds_after, rss_baseline=rss_baseline,
         rss_peak=max(sampler.peak_rss, rss_baseline), rss_after=process.memory_info().rss,
-        controller_cpu_percent=cpu_percent, violations=violations,
+        controller_cpu_percent=cpu_percent, echo_p50_ms=_quantile(echo_latencies, 0.50),
+        echo_p99_ms=_quantile(echo_latencies, 0.99), violations=violations,
     )
 
 

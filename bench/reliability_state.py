@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from adloader import protocol
-from bench.reliability_node import Node
+from bench.reliability_node import Node, poll
 
 STATE_FILE = "state.json"
 TEMP_FILE = "state.json.tmp"
@@ -143,6 +143,21 @@ def small_tmpfs(mount_point: Path, size: str = "64k") -> Iterator[Path]:
 def remount(mount_point: Path, mode: str) -> None:
     """Remount ``mount_point`` "ro" or "rw"."""
     subprocess.run(["mount", "-o", f"remount,{mode}", str(mount_point)], check=True)
+
+
+def saved_state(node: Node, timeout: float = 30.0) -> bytes:
+    """The state file's bytes once it names every job the controller lists (a registration
+    is saved a moment after its launcher is moved into its group)."""
+    directory = node.controller.state_dir
+
+    def current() -> bytes | None:
+        listed = {j.job_id for j in node.controller.status().jobs}
+        return (directory / STATE_FILE).read_bytes() if saved_jobs(directory) == listed else None
+
+    found = poll(current, timeout)
+    if found is None:
+        raise AssertionError(f"the state file never named the listed jobs: {saved_jobs(directory)}")
+    return found
 
 
 def saved_jobs(directory: Path) -> set[str] | None:

@@ -19,7 +19,9 @@ from bench.reliability_faults import (
     FAULT_POINTS, controller_away, crash_at_fault_point, crash_during_churn, dying_jobs,
 )
 from bench.reliability_node import Node
-from bench.reliability_state import run_on_unwritable_state_dir, small_tmpfs, start_on_state, state_variants
+from bench.reliability_state import (
+    run_on_unwritable_state_dir, saved_state, small_tmpfs, start_on_state, state_variants,
+)
 from fixtures.managed import ControllerProcess
 
 PERIOD = 0.5
@@ -61,7 +63,7 @@ def test_kill_9_at_random_moments_of_a_busy_run(node: Node) -> None:
 
 def test_a_damaged_state_file_never_stops_the_controller_from_starting(node: Node) -> None:
     _start_jobs(node, 1)
-    original = (node.controller.state_dir / "state.json").read_bytes()
+    original = saved_state(node)
     lengths = (len(original) // 2, len(original) - 1)  # the second only loses the newline: still usable
     kinds = ("truncated", "checksum wrong", "from a future version", "leftover temp")  # the benchmark tries them all
     for variant in [v for v in state_variants(original, lengths) if v.label.startswith(kinds)]:
