@@ -61,6 +61,7 @@ class ControlLoop:
         """Decide, record and apply once. ``events`` are what happened since the last step
         ("arrival", "departure", "policy_change", "adoption"): they name the reason."""
         start = self._clock()
+        registry.predict_pending()
         registry.observe_loading(self._cpu_seconds(registry))
         views = registry.views(self.applied)
         wanted = {view.job_id: JobAllocation() for view in views}

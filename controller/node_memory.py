@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import threading
 from pathlib import Path
+from typing import Callable
 
 from controller.history import FinishedJob, JobHistory
 from controller.snapshot import JobSnapshot
@@ -42,7 +44,8 @@ class NodeMemory:
         self.path = Path(state_dir) / HISTORY_FILE
         self._history: JobHistory | None = None
         self._opened = False
-        self._predictor = None
+        self._predictor: Callable[[dict[str, float], int], tuple[float, float, float] | None] | None = None
+        self._loading: threading.Thread | None = None
 
     @property
     def history(self) -> JobHistory | None:
@@ -58,12 +61,28 @@ class NodeMemory:
         return self._history
 
     def predict(self, features: dict[str, float], gpus: int) -> tuple[float, float, float] | None:
-        """M and its interval for a job with these features: its own earlier runs, else the model."""
-        if self._predictor is None:
-            from controller.prediction import ThroughputPredictor  # imports torch: only when needed
+        """M and its interval for a job with these features: its own earlier runs, else the model.
 
-            self._predictor = ThroughputPredictor(device=self.device, history=self.history)
+        The first call starts loading the model (torch, the device's numbers, the fit: seconds)
+        on a thread and answers None, so the controller's event loop never waits for it; the
+        registry asks again every control step until the answer is ready."""
+        if self._predictor is None:
+            if self._loading is None:
+                self._loading = threading.Thread(target=self._load_predictor, name="adloader-predictor", daemon=True)
+                self._loading.start()
+            return None
         return self._predictor(features, gpus)
+
+    def _load_predictor(self) -> None:
+        from controller.prediction import ThroughputPredictor  # imports torch: only once a job sends features
+
+        predictor = ThroughputPredictor(device=self.device, history=self.history)
+        try:
+            predictor({"batch_size": 1.0}, 1)  # load the corpus fit and the device numbers now
+        except Exception:  # noqa: BLE001 - a warm-up failure shows again, logged, on the real call
+            log.debug("throughput predictor warm-up failed", exc_info=True)
+        self._predictor = predictor
+        log.info("throughput predictor ready for device %s", self.device)
 
     def record(
         self, snapshot: JobSnapshot, features: dict[str, float] | None, loading_curve: tuple[tuple[float, float], ...]

@@ -278,6 +278,13 @@ class Registry:
             loader_cores=loader_cores if loader_cores > 0 else None,
         )
 
+    def predict_pending(self) -> None:
+        """Once per control step: ask again for the jobs whose prediction was not ready at
+        registration (the predictor loads its model off the event loop and says None meanwhile)."""
+        for job in self:
+            if job.predicted is None and job.features and not job.ended:
+                job.predicted = self._predict(job)
+
     def observe_loading(self, cpu_seconds: Mapping[str, float] | None = None) -> None:
         """Once per control step: each running job's window is a point of its loading curve,
         (cores it used, samples/s delivered), whether or not the loader was the bottleneck

@@ -206,3 +206,15 @@ def test_a_recurring_job_gets_its_length_from_history_and_remaining_counts_down(
     assert asked == [("resnet", {"flops": 2.0}), ("new", None)]
     assert registry.remaining_samples(job) == 1000.0
     assert registry.remaining_samples(other) is None
+
+
+def test_a_prediction_not_ready_at_registration_is_asked_for_again_each_step(clock: Clock) -> None:
+    answers: list[tuple[float, float, float] | None] = [None, (100.0, 80.0, 120.0)]
+    registry = _registry(clock, predictor=lambda features, gpus: answers.pop(0))
+    _register(registry, features={"flops": 1.0})
+    job = registry.get("j1")
+    assert job is not None and job.predicted is None
+    registry.predict_pending()
+    assert job.predicted == (100.0, 80.0, 120.0)
+    registry.predict_pending()  # answered: not asked again
+    assert answers == []
