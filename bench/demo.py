@@ -10,15 +10,19 @@ About two and a half minutes on two cores.
 from __future__ import annotations
 
 import argparse
+import logging
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
+from adloader.errors import AdloaderError
 from bench import report
 from bench.mix import DEFAULT_MIX, load_mix
 from bench.node import CACHE_DIR, QUICK_SCALE, benchmark, goal_lines, node_setup
 from bench.runner import JobOutcome
+
+log = logging.getLogger(__name__)
 
 POLICIES = ("even", "adaptive")
 
@@ -32,6 +36,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    try:
+        return _demo(args)
+    except AdloaderError as exc:
+        log.error("%s", exc)
+        return 2
+
+
+def _demo(args: argparse.Namespace) -> int:
     mix = load_mix(args.mix).scaled(args.scale)
     node = node_setup(mix, "0-1", 0.5, None, CACHE_DIR)
     print(f"adloader demo (GPU-emulated): {len(mix.jobs)} jobs of mix {mix.name!r} on CPUs {node.cpus}, "

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from adloader.errors import AdloaderError
 from bench import report
 from bench.mix import DEFAULT_MIX, Mix, load_mix, random_mix
 from bench.runner import JobOutcome, NodeSetup, Progress, RunOutcome, run_policy
@@ -59,6 +60,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    try:
+        return _bench(args)
+    except AdloaderError as exc:  # a bad mix, no cgroups, a job that failed: say what, no traceback
+        log.error("%s", exc)
+        return 2
+
+
+def _bench(args: argparse.Namespace) -> int:
     quick = args.quick
     default_policies = RANDOM_POLICIES if args.random else QUICK_POLICIES if quick else ALL_POLICIES
     policies = tuple(p.strip() for p in args.policies.split(",")) if args.policies else default_policies

@@ -16,6 +16,7 @@ fair share between jobs.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -205,7 +206,13 @@ def _start_controller(policy: str, node: NodeSetup, socket_path: Path, run_dir: 
 def _make_group(group: str) -> None:
     """The run's cpu group, weighted above everything else on the machine."""
     directory = CGROUP_ROOT / "cpu" / group
-    directory.mkdir()
+    try:
+        directory.mkdir()
+    except OSError as exc:
+        raise BenchError(
+            f"cannot make the benchmark's cgroup {directory} ({exc.strerror}): adloader bench runs real jobs "
+            "under a real controller and needs root and cgroup v1's cpu hierarchy at /sys/fs/cgroup/cpu"
+        ) from None
     write_interface(directory / "cpu.shares", str(GROUP_CPU_SHARES), "weighting the benchmark's group")
 
 
@@ -239,8 +246,6 @@ def _cpu_seconds(process: psutil.Process) -> float:
 
 
 def _read_timeline(path: Path) -> dict:
-    import json
-
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as exc:

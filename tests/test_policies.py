@@ -270,3 +270,12 @@ def test_the_program_refuses_floors_that_do_not_fit() -> None:
     demands = [lp.JobDemand(str(i), 1.0, 10.0, ((0.0, 10.0),), min_cores=1.0) for i in range(3)]
     with pytest.raises(PolicyError, match="--cpus"):
         lp.solve(demands, cores=2.0, read_bps=None)
+
+
+def test_a_job_left_alone_gets_workers_for_the_whole_node() -> None:
+    policy = make_policy("adaptive")
+    jobs = [job("big", gpus=4, m=100.0, p=0.02), job("hog", m=1000.0, p=0.01)]  # big uses 2 of 4 cores
+    first = policy.allocate(NODE, jobs)
+    # big leaves: the hog's weight alone would give it the node, but its workers would not
+    alone = policy.allocate(NODE, [job("hog", m=1000.0, p=0.01, current=first["hog"])])
+    assert alone["hog"].workers >= NODE.cores > first["hog"].workers

@@ -199,14 +199,19 @@ def predicted_objective(
     weights: Mapping[str, float],
     allocation: Mapping[str, JobAllocation],
 ) -> float:
-    """Σ w·busy the models predict for ``allocation``: each job demands what saturates it
-    (capped by its quota if it has one), and the cores are shared by CPU weight."""
+    """Σ w·busy the models predict for ``allocation``: each job demands what saturates it,
+    at most its quota if it has one and a core per worker, and the cores are shared by
+    CPU weight."""
     demands: dict[str, float] = {}
     for job in jobs:
         model = models.get(job.job_id)
-        need = model.cores_to_saturate() if model is not None else node.cores / len(jobs)
-        quota = allocation[job.job_id].cores
-        demands[job.job_id] = min(need, quota) if quota is not None else need
+        given = allocation[job.job_id]
+        demand = model.cores_to_saturate() if model is not None else node.cores / len(jobs)
+        if given.cores is not None:
+            demand = min(demand, given.cores)
+        if given.workers is not None:
+            demand = min(demand, float(given.workers * max(1, job.ranks)))
+        demands[job.job_id] = demand
     cpu_weights = {j: float(allocation[j].cpu_weight or WEIGHT_PER_CORE) for j in demands}
     cores = contended_cores(node.cores, cpu_weights, demands)
     bandwidth = managed_bandwidth(node)

@@ -1,0 +1,58 @@
+"""``adloader bench`` end to end on a tiny mix: real controllers, real jobs through
+``adloader run``, the JSON and the plot it promises."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CGROUP_V1 = os.geteuid() == 0 and os.access("/sys/fs/cgroup/cpu/cpu.shares", os.W_OK)
+
+TINY_MIX = {
+    "name": "tiny",
+    "read_bps": 200e6,
+    "jobs": [
+        {"name": "a", "gpus": 2, "batch_size": 8, "compute_ms_per_batch": 20, "image_px": 64, "samples": 160,
+         "arrival_s": 0, "num_workers": 1, "io_bound": False},
+        {"name": "b", "gpus": 1, "batch_size": 8, "compute_ms_per_batch": 20, "image_px": 64, "samples": 160,
+         "arrival_s": 0.5, "num_workers": 1, "io_bound": True},
+    ],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not CGROUP_V1, reason="adloader bench needs root and a writable cgroup v1 cpu hierarchy")
+def test_bench_runs_each_policy_on_real_jobs_and_writes_json_and_plot(tmp_path: Path) -> None:
+    mix = tmp_path / "tiny.json"
+    mix.write_text(json.dumps(TINY_MIX))
+    out, png = tmp_path / "out.json", tmp_path / "out.png"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ADLOADER_")}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "adloader", "bench", "--mix", str(mix), "--policies", "even,adaptive",
+         "--repeats", "1", "--json", str(out), "--plot", str(png), "--cache", str(tmp_path / "cache"),
+         "--workdir", str(tmp_path / "runs")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "GPU-emulated" in proc.stdout
+    document = json.loads(out.read_text())
+    for policy in ("even", "adaptive"):
+        entry = document["policies"][policy]
+        assert 0.0 < entry["gpu_busy"] <= 1.0
+        assert entry["samples_per_s"] > 0 and entry["makespan_s"] > 0 and entry["mean_jct_s"] > 0
+        jobs = entry["repeats"][0]["jobs"]
+        assert {name: j["samples"] for name, j in jobs.items()} == {"a": 160, "b": 160}
+    assert "vs_even" in document["ratios"]["adaptive"]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # every run's cgroup group is gone, and with it everything the run started
+    logs = " ".join(p.read_text() for p in (tmp_path / "runs").rglob("controller.log"))
+    groups = set(re.findall(r"/sys/fs/cgroup/cpu/(adloader-bench-[0-9a-f]{8})/", logs))
+    assert len(groups) == 2
+    assert not [g for g in groups if (Path("/sys/fs/cgroup/cpu") / g).exists()]
