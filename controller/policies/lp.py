@@ -3,20 +3,24 @@
 For each job j with GPU weight w_j, max throughput M_j, a concave loading curve
 given as lines (T_load(c) ≤ a_k + s_k·c for every k) and b_j bytes read per sample:
 
-    maximise   Σ_j w_j·t_j  + δ·(Σ_j w_j)·z        (busy fraction, max-min as tie-break)
-               − ε_c·Σ_j c_j − ε_io·Σ_j io_j/B     (use no more than needed)
-    subject to M_j·t_j ≤ a_k + s_k·c_j              for every line k of job j
-               M_j·b_j·t_j ≤ io_j                   when read bandwidth is managed
-               Σ c_j ≤ C,  Σ io_j ≤ B
-               z ≤ t_j,  0 ≤ t_j ≤ 1,  floor_j ≤ c_j ≤ cap_j,  io_floor_j ≤ io_j
+    maximise   Σ_j w_j·Σ_s v_s·u_js  + δ·(Σ_j w_j)·z   (busy fraction, fairness)
+               − ε_c·Σ_j c_j − ε_io·Σ_j io_j/B         (use no more than needed)
+    subject to M_j·t_j ≤ a_k + s_k·c_j                  for every line k of job j
+               M_j·b_j·t_j ≤ io_j                       when read bandwidth is managed
+               Σ c_j ≤ C,  Σ io_j ≤ B,  Σ_s u_js ≤ t_j
+               z ≤ t_j,  0 ≤ t_j ≤ 1,  0 ≤ u_js ≤ 1/S,  floor_j ≤ c_j ≤ cap_j,  io_floor_j ≤ io_j
 
 (bandwidth enters the program as fractions of B, so every variable is of order one
 and the ε terms stay above the solver's tolerances).
 
-t_j is the job's predicted busy fraction T_j/M_j. The max-min term only decides
-between allocations worth the same (say two identical starving jobs), so the
-answer is unique and does not flip between control periods; the ε terms leave
-cores nobody needs unallocated, for the caller to hand out as headroom.
+t_j is the job's predicted busy fraction T_j/M_j. Its value is counted in S slices
+u_js worth v_s = 1 down to 1 − DIMINISHING: the last slice of a job's busy time is
+worth a little less than the first slice of another's. Between jobs worth the same
+per core, up to measurement noise, the program then shares instead of handing
+everything to whichever measured a few percent better this period (so the answer
+does not flip between periods); jobs clearly worth more are still served first. The
+max-min term z breaks the remaining ties; the ε terms leave cores nobody needs
+unallocated, for the caller to hand out as headroom.
 """
 from __future__ import annotations
 
@@ -35,6 +39,9 @@ Line = tuple[float, float]
 TIE_BREAK = 1e-3
 CORE_COST = 1e-6
 IO_COST = 1e-6
+SLICES = 4
+DIMINISHING = 0.1
+SLICE_VALUES = 1.0 - DIMINISHING * np.arange(SLICES) / (SLICES - 1)
 
 
 @dataclass(frozen=True)
@@ -86,9 +93,10 @@ def solve(demands: Sequence[JobDemand], cores: float, read_bps: float | None) ->
         )
     n = len(demands)
     io = read_bps is not None
-    # variable layout: c_0..c_{n-1}, t_0..t_{n-1}, [io_0..io_{n-1}], z
+    # variable layout: c_0..c_{n-1}, t_0..t_{n-1}, [io_0..io_{n-1}], u_{0,0}..u_{n-1,S-1}, z
     C, T, IO = 0, n, 2 * n
-    Z = 3 * n if io else 2 * n
+    U = 3 * n if io else 2 * n
+    Z = U + n * SLICES
     n_vars = Z + 1
     rows: list[np.ndarray] = []
     cols: list[np.ndarray] = []
@@ -129,6 +137,9 @@ def solve(demands: Sequence[JobDemand], cores: float, read_bps: float | None) ->
     k = np.arange(n)  # z - t_j <= 0
     block(np.concatenate([k, k]), np.concatenate([np.full(n, Z), T + k]),
           np.concatenate([np.ones(n), -np.ones(n)]), np.zeros(n))
+    slice_job = np.repeat(k, SLICES)  # Σ_s u_js - t_j <= 0
+    block(np.concatenate([slice_job, k]), np.concatenate([U + np.arange(n * SLICES), T + k]),
+          np.concatenate([np.ones(n * SLICES), -np.ones(n)]), np.zeros(n))
 
     matrix = coo_matrix(
         (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(row, n_vars)
@@ -136,7 +147,7 @@ def solve(demands: Sequence[JobDemand], cores: float, read_bps: float | None) ->
     weights = np.array([d.weight for d in demands], dtype=float)
     cost = np.zeros(n_vars)
     cost[C:C + n] = CORE_COST
-    cost[T:T + n] = -weights
+    cost[U:Z] = -np.repeat(weights, SLICES) * np.tile(SLICE_VALUES, n)
     if io:
         cost[IO:IO + n] = IO_COST
     cost[Z] = -TIE_BREAK * float(weights.sum())
@@ -144,6 +155,7 @@ def solve(demands: Sequence[JobDemand], cores: float, read_bps: float | None) ->
     bounds += [(0.0, 1.0)] * n
     if io:
         bounds += [(min(d.min_read_bps / scale, 1.0), 1.0) for d in demands]
+    bounds += [(0.0, 1.0 / SLICES)] * (n * SLICES)
     bounds.append((0.0, 1.0))
     result = linprog(cost, A_ub=matrix, b_ub=np.concatenate(rhs), bounds=bounds, method="highs")
     if result.status != 0:
