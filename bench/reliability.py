@@ -40,7 +40,7 @@ from bench.reliability_faults import (
     FAULT_POINTS, controller_away, crash_at_fault_point, crash_during_churn, dying_jobs,
 )
 from bench.reliability_fuzz import run_fuzz
-from bench.reliability_load import raise_fd_limit, run_load
+from bench.reliability_load import raise_fd_limit, run_load, second_round_rss
 from bench.reliability_node import Node
 from bench.reliability_state import (
     run_on_unwritable_state_dir, saved_state, small_tmpfs, start_on_state, state_variants,
@@ -123,13 +123,8 @@ def fresh_node(cpus: str = "0", tmpfs_state: bool = False, policy: str = "even")
         cleanup.run()
 
 
-def _start_jobs(node: Node, count: int) -> list[str]:
-    jobs = [node.start_job(name=f"steady-{i}") for i in range(count)]
-    return [f"steady job did not register: {j.handle.output()[1][-300:]}" for j in jobs if not node.wait_registered(j)]
-
-
-def _fault(kind: str, what: str, violations: Sequence[str], **timings: float | None) -> dict[str, Any]:
-    return {"kind": kind, "fault": what, "survived": not violations, "violations": list(violations), **timings}
+def _fault(kind: str, what: str, violations: Sequence[str], **details: Any) -> dict[str, Any]:
+    return {"kind": kind, "fault": what, "survived": not violations, "violations": list(violations), **details}
 
 
 def run_faults(scale: Scale, rng: random.Random, log: Any) -> list[dict[str, Any]]:
@@ -137,27 +132,27 @@ def run_faults(scale: Scale, rng: random.Random, log: Any) -> list[dict[str, Any
     log(f"fault points: {scale.fault_point_rounds} round(s) of {len(FAULT_POINTS)}")
     for _ in range(scale.fault_point_rounds):
         with fresh_node() as node:
-            setup = _start_jobs(node, 2)
+            setup = node.start_registered(2)
             for spec in FAULT_POINTS:
                 o = crash_at_fault_point(node, spec, SETTLE_S)
                 missed = [] if o.crashed else [f"{spec} was never reached"]
                 faults.append(_fault("fault point", spec, setup + missed + o.violations, ready_s=o.ready_s,
-                                     consistent_s=o.consistent_s))
+                                     consistent_s=o.consistent_s, initially=o.initially))
             node.stop_all()
             faults[-1]["violations"] += node.training_stopped(MAX_STEP_GAP_S)
     log(f"kill -9 at random moments of a churning run: {scale.random_kills}")
     with fresh_node() as node:
-        setup = _start_jobs(node, 2)
+        setup = node.start_registered(2)
         for o in crash_during_churn(node, scale.random_kills, SETTLE_S, rng):
             faults.append(_fault("kill -9 during churn", o.fault, setup + o.violations, ready_s=o.ready_s,
-                                 consistent_s=o.consistent_s))
+                                 consistent_s=o.consistent_s, initially=o.initially))
             setup = []
         node.stop_all()
         faults[-1]["violations"] += node.training_stopped(MAX_STEP_GAP_S)
     log(f"dying jobs: {scale.dying_rounds} round(s)")
     for _ in range(scale.dying_rounds):
         with fresh_node() as node:
-            setup = _start_jobs(node, 1)
+            setup = node.start_registered(1)
             for o in dying_jobs(node, SETTLE_S):
                 faults.append(_fault("job dies", o.fault, setup + o.violations, cleanup_s=o.cleanup_s))
             node.stop_all()
@@ -179,7 +174,7 @@ def run_state_faults(scale: Scale, log: Any) -> list[dict[str, Any]]:
     """The controller starting on damaged state files (two nodes in parallel), then on a
     full and a read-only state directory."""
     with fresh_node() as probe:
-        _start_jobs(probe, 1)
+        probe.start_registered(1)
         original = saved_state(probe)
     variants = state_variants(original, range(0, len(original), scale.truncation_stride))
     log(f"damaged state files: {len(variants)} starts ({len(original)}-byte file)")
@@ -188,7 +183,7 @@ def run_state_faults(scale: Scale, log: Any) -> list[dict[str, Any]]:
     def start_each(part: list) -> list[dict[str, Any]]:
         out = []
         with fresh_node() as node:
-            setup = _start_jobs(node, 1)
+            setup = node.start_registered(1)
             for variant in part:
                 o = start_on_state(node, variant, SETTLE_S)
                 out.append(_fault("damaged state file", variant.label, setup + o.violations, ready_s=o.ready_s))
@@ -201,7 +196,7 @@ def run_state_faults(scale: Scale, log: Any) -> list[dict[str, Any]]:
     log("full and read-only state directory")
     for damage in ("full", "read-only"):
         with fresh_node(tmpfs_state=True) as node:
-            setup = _start_jobs(node, 1)
+            setup = node.start_registered(1)
             found = run_on_unwritable_state_dir(node, damage, SETTLE_S)
             node.stop_all()
             faults.append(_fault("unwritable state directory", damage,
@@ -224,7 +219,8 @@ def run_clients(scale: Scale) -> dict[str, Any]:
         report = run_load(node, scale.load_jobs, scale.load_connections, scale.load_seconds, scale.cycles,
                           scale.slow_clients, echo=True)
         _, left = node.wait_consistent(SETTLE_S)
-    return {**asdict(report), "violations": report.violations + left}
+        rss_again = second_round_rss(node, scale.cycles)
+    return {**asdict(report), "rss_after_another_round_of_cycles": rss_again, "violations": report.violations + left}
 
 
 def lost(violations: Sequence[str]) -> dict[str, int]:
@@ -282,7 +278,9 @@ def print_table(result: dict[str, Any]) -> None:
         ("  connect/disconnect cycles", f"{load['cycles']} ({load['cycles_per_s']:.0f}/s, beside the load)"),
         ("  controller fds baseline / peak / after", f"{load['fds_baseline']} / {load['fds_peak']} / {load['fds_after']}"),
         ("  controller RSS baseline / peak / after", f"{load['rss_baseline'] / mib:.1f} / {load['rss_peak'] / mib:.1f}"
-                                                     f" / {load['rss_after'] / mib:.1f} MiB"),
+                                                     f" / {load['rss_after'] / mib:.1f} MiB, "
+                                                     f"{load['rss_after_another_round_of_cycles'] / mib:.1f} MiB after "
+                                                     f"{load['cycles']} more cycles"),
         ("  controller CPU under load", f"{load['controller_cpu_percent']:.1f}% of one core"),
         ("lost", "nothing" if not s["lost"] else ", ".join(f"{k}: {v}" for k, v in s["lost"].items())),
     ]

@@ -52,6 +52,8 @@ class CrashOutcome:
     consistent_s: float | None
     """Restart answered until every invariant held; None if they never did within the deadline."""
     violations: list[str] = field(default_factory=list)
+    initially: list[str] = field(default_factory=list)
+    """What did not hold yet at the first check after the restart answered (transient, or not)."""
 
 
 def restart_and_check(node: Node, fault: str, crashed: bool, settle_s: float) -> CrashOutcome:
@@ -62,10 +64,13 @@ def restart_and_check(node: Node, fault: str, crashed: bool, settle_s: float) ->
     try:
         controller.start(ready=True)
     except AssertionError as exc:  # it exited or never answered: a crash loop in the making
-        return CrashOutcome(fault, crashed, time.monotonic() - started, None, [f"the controller did not come back: {exc}"])
-    ready_s = time.monotonic() - started
-    consistent_s, violations = node.wait_consistent(settle_s)
-    return CrashOutcome(fault, crashed, ready_s, None if violations else consistent_s, violations)
+        return CrashOutcome(fault, crashed, time.monotonic() - started, None,
+                            [f"the controller did not come back: {exc}"])
+    ready = time.monotonic()
+    initially = node.violations()
+    violations = node.wait_consistent(settle_s)[1] if initially else []
+    return CrashOutcome(fault, crashed, ready - started, None if violations else time.monotonic() - ready,
+                        violations, initially)
 
 
 def crash_at_fault_point(node: Node, spec: str, settle_s: float, timeout: float = 60.0) -> CrashOutcome:

@@ -341,6 +341,14 @@ def _run_load(node: Node, jobs: int, connections: int, seconds: float, cycles: i
     )
 
 
+def second_round_rss(node: Node, cycles: int) -> int:
+    """The controller's RSS after ``cycles`` more connect/disconnect cycles on an idle node:
+    if connections leaked memory it would grow again; if it stays, what the load left is
+    the allocator keeping its pages, not a leak."""
+    _cycle_connections(node.controller.socket, cycles)
+    return psutil.Process(node.controller.proc.pid).memory_info().rss
+
+
 def _quantile(sorted_values: list[float], q: float) -> float | None:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))] if sorted_values else None
 

@@ -221,6 +221,12 @@ class Node:
         self.jobs.append(job)
         return job
 
+    def start_registered(self, count: int, prefix: str = "steady") -> list[str]:
+        """Start ``count`` jobs and wait until each is registered; what went wrong (empty: all did)."""
+        jobs = [self.start_job(name=f"{prefix}-{len(self.jobs)}") for _ in range(count)]
+        return [f"job {job.handle.name} did not register: {job.handle.output()[1][-300:]}"
+                for job in jobs if self.wait_registered(job) is None]
+
     def reap(self) -> list[TrackedJob]:
         """The jobs still running (exited launchers are reaped on the way)."""
         return [job for job in self.jobs if job.alive]

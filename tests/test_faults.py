@@ -28,7 +28,8 @@ PERIOD = 0.5
 SETTLE_S = 2 * PERIOD + 3.0
 """Two control periods, plus slack for a machine shared with other test runs."""
 MAX_STEP_GAP_S = 5.0
-"""A training step is 50 ms; a job whose step took this long stopped training."""
+"""A training step is 50 ms; a job whose step took this long (and three times as long as an
+unmanaged job's longest on the same CPUs: Node.training_stopped) stopped training."""
 
 
 @pytest.fixture
@@ -38,13 +39,8 @@ def node(start_controller: Callable[..., ControllerProcess]) -> Iterator[Node]:
     node.close()
 
 
-def _start_jobs(node: Node, count: int) -> None:
-    jobs = [node.start_job(name=f"steady-{i}") for i in range(count)]
-    assert all(node.wait_registered(job) for job in jobs), [j.handle.output() for j in jobs]
-
-
 def test_a_crash_at_each_named_fault_point_is_recovered_from(node: Node) -> None:
-    _start_jobs(node, 2)
+    assert node.start_registered(2) == []
     outcomes = [crash_at_fault_point(node, spec, SETTLE_S) for spec in FAULT_POINTS]
     for outcome in outcomes:
         assert outcome.crashed, f"{outcome.fault} was never reached; log:\n{node.controller.log()[-3000:]}"
@@ -54,7 +50,7 @@ def test_a_crash_at_each_named_fault_point_is_recovered_from(node: Node) -> None
 
 
 def test_kill_9_at_random_moments_of_a_busy_run(node: Node) -> None:
-    _start_jobs(node, 2)
+    assert node.start_registered(2) == []
     outcomes = crash_during_churn(node, kills=3, settle_s=SETTLE_S, rng=random.Random(1))
     assert [o.violations for o in outcomes] == [[], [], []], outcomes
     node.stop_all()
@@ -62,7 +58,7 @@ def test_kill_9_at_random_moments_of_a_busy_run(node: Node) -> None:
 
 
 def test_a_damaged_state_file_never_stops_the_controller_from_starting(node: Node) -> None:
-    _start_jobs(node, 1)
+    assert node.start_registered(1) == []
     original = saved_state(node)
     lengths = (len(original) // 2, len(original) - 1)  # the second only loses the newline: still usable
     kinds = ("truncated", "checksum wrong", "from a future version", "leftover temp")  # the benchmark tries them all
@@ -89,7 +85,7 @@ def node_on_tmpfs(start_controller: Callable[..., ControllerProcess]) -> Iterato
 
 @pytest.mark.parametrize("damage", ["full", "read-only"])
 def test_a_full_or_read_only_state_directory_is_survived_and_said(node_on_tmpfs: Node, damage: str) -> None:
-    _start_jobs(node_on_tmpfs, 1)
+    assert node_on_tmpfs.start_registered(1) == []
     assert run_on_unwritable_state_dir(node_on_tmpfs, damage, SETTLE_S) == []
     assert node_on_tmpfs.training_stopped(MAX_STEP_GAP_S) == []
 
@@ -110,7 +106,7 @@ def test_jobs_train_on_while_the_controller_is_away_and_their_loaders_reconnect(
 
 
 def test_jobs_that_die_in_every_way_are_removed_or_kept_as_they_should(node: Node) -> None:
-    _start_jobs(node, 1)
+    assert node.start_registered(1) == []
     outcomes = dying_jobs(node, SETTLE_S)
     assert [(o.fault, o.violations) for o in outcomes] == [(o.fault, []) for o in outcomes]
     assert all(o.cleanup_s is not None for o in outcomes[:2]), outcomes
