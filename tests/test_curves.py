@@ -9,6 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from throughput_model.curves import (
+    MIN_OBSERVATIONS,
+    WARMUP_OBSERVATIONS,
     LoadingCurveEstimator,
     concave_lines,
     evaluate_lines,
@@ -24,8 +26,14 @@ def test_nothing_known_gives_no_curve_and_a_prior_gives_c_over_p() -> None:
     assert LoadingCurveEstimator().points() == ()
     prior = LoadingCurveEstimator(prior_cpu_s_per_sample=0.004)
     assert _curve_at(prior.points(), 0.5) == pytest.approx(125.0)
-    prior.observe(1.0, 400.0)  # the first observation replaces the prior
-    assert _curve_at(prior.points(), 0.5) == pytest.approx(200.0)
+    prior.observe(1.0, 50.0)  # warm-up windows (a job starting) are not believed
+    for _ in range(WARMUP_OBSERVATIONS - 1):
+        prior.observe(1.0, 50.0)
+    for _ in range(MIN_OBSERVATIONS - 1):
+        prior.observe(1.0, 400.0)
+    assert _curve_at(prior.points(), 0.5) == pytest.approx(125.0)  # not enough windows yet: the prior
+    prior.observe(1.0, 400.0)
+    assert _curve_at(prior.points(), 0.5) == pytest.approx(200.0)  # then the measurements take over
 
 
 def test_linear_loading_is_recovered_from_noisy_windows_and_extrapolated() -> None:

@@ -10,6 +10,7 @@ from adloader.protocol import Report
 from controller.policies.base import JobAllocation
 from controller.registry import Registry
 from controller.snapshot import JobSnapshot
+from throughput_model.curves import MIN_OBSERVATIONS, WARMUP_OBSERVATIONS
 
 
 class Clock:
@@ -142,7 +143,10 @@ def test_each_step_adds_the_windows_loader_cores_and_rate_to_the_loading_curve(c
     rates = registry.rates(registry.get("j1"))  # type: ignore[arg-type]
     assert rates.loader_cores == pytest.approx(1.0) and rates.achieved == pytest.approx(150.0)
     registry.observe_loading()
-    assert registry.get("j1").loading_curve.observations == 1  # type: ignore[union-attr]
+    assert registry.get("j1").loading_curve.observations == 0  # type: ignore[union-attr]  # warm-up window
+    for _ in range(WARMUP_OBSERVATIONS + MIN_OBSERVATIONS - 1):  # the same window, step after step
+        registry.observe_loading()
+    assert registry.get("j1").loading_curve.observations == MIN_OBSERVATIONS  # type: ignore[union-attr]
     ((cores, sps),) = registry.views({})[0].loading_curve
     assert (cores, sps) == (pytest.approx(1.0), pytest.approx(150.0))
 

@@ -27,6 +27,11 @@ import statistics
 from collections import deque
 from typing import Iterable, Sequence
 
+WARMUP_OBSERVATIONS = 4
+"""The first windows of a job are dropped: its workers start, its cgroup pays for imports."""
+MIN_OBSERVATIONS = 6
+"""Windows kept before the fit is trusted (until then: the prior, or nothing)."""
+
 MIN_BIN_SHARE = 0.1
 """See _bins: a bin needs this share of the observations (or three) to count."""
 
@@ -60,6 +65,7 @@ class LoadingCurveEstimator:
         self._prior = prior_cpu_s_per_sample
         self._resolution = resolution_cores
         self._observations: deque[Point] = deque(maxlen=max_observations)
+        self._seen = 0
 
     def observe(self, cores_used: float, samples_per_s: float) -> None:
         """Record one window: the job used ``cores_used`` cores and delivered
@@ -68,7 +74,9 @@ class LoadingCurveEstimator:
             return
         if cores_used <= 0 or samples_per_s < 0:
             return
-        self._observations.append((float(cores_used), float(samples_per_s)))
+        self._seen += 1
+        if self._seen > WARMUP_OBSERVATIONS:
+            self._observations.append((float(cores_used), float(samples_per_s)))
 
     @property
     def observations(self) -> int:
@@ -77,8 +85,9 @@ class LoadingCurveEstimator:
     def points(self) -> tuple[Point, ...]:
         """The fitted curve as (cores, samples/s) knots, cores increasing; the origin is
         implied, and the curve goes on beyond the last knot along its last piece. Empty
-        when nothing is known."""
-        if not self._observations:
+        when nothing is known (fewer than MIN_OBSERVATIONS windows after the warm-up, and
+        no prior)."""
+        if len(self._observations) < MIN_OBSERVATIONS:
             return ((1.0, 1.0 / self._prior),) if self._prior is not None else ()
         return fit_loading_curve(self._observations, self._resolution)
 

@@ -38,7 +38,7 @@ class AdaptivePolicy:
 
     def __init__(
         self,
-        gain_threshold: float = 0.03,
+        gain_threshold: float = 0.05,
         workers_per_core: float = 1.0,
         reader_workers_per_core: float = 2.0,
     ) -> None:
