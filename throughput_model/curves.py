@@ -27,9 +27,9 @@ import statistics
 from collections import deque
 from typing import Iterable, Sequence
 
-WARMUP_OBSERVATIONS = 4
+WARMUP_OBSERVATIONS = 2
 """The first windows of a job are dropped: its workers start, its cgroup pays for imports."""
-MIN_OBSERVATIONS = 6
+MIN_OBSERVATIONS = 4
 """Windows kept before the fit is trusted (until then: the prior, or nothing)."""
 
 MIN_BIN_SHARE = 0.1
