@@ -58,7 +58,7 @@ def _policy(name: str, jobs: list[JobView]):
     return make_policy(name)
 
 
-def _check(node: NodeResources, jobs: list[JobView], allocation: dict[str, JobAllocation]) -> None:
+def check_allocation_invariants(node: NodeResources, jobs: list[JobView], allocation: dict[str, JobAllocation]) -> None:
     assert set(allocation) == {j.job_id for j in jobs}
     floor = node.min_cores_per_job
     quotas = [a.cores for a in allocation.values() if a.cores is not None]
@@ -84,7 +84,7 @@ def _check(node: NodeResources, jobs: list[JobView], allocation: dict[str, JobAl
 def test_small_nodes_are_never_overcommitted(name: str, node: NodeResources, jobs: list[JobView]) -> None:
     policy = _policy(name, jobs)
     allocation = policy.allocate(node, jobs)
-    _check(node, jobs, allocation)
+    check_allocation_invariants(node, jobs, allocation)
     assert policy.allocate(node, jobs) == allocation  # deterministic
     shuffled = list(jobs)
     random.Random(len(jobs)).shuffle(shuffled)
@@ -96,7 +96,7 @@ def test_small_nodes_are_never_overcommitted(name: str, node: NodeResources, job
 @given(node=nodes, jobs=job_views(max_jobs=300))
 def test_hundreds_of_jobs(name: str, node: NodeResources, jobs: list[JobView]) -> None:
     allocation = make_policy(name).allocate(node, jobs)
-    _check(node, jobs, allocation)
+    check_allocation_invariants(node, jobs, allocation)
 
 
 @settings(max_examples=40, deadline=None)
