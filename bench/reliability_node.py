@@ -160,7 +160,8 @@ class ForeignGroup:
 
 @dataclass
 class Node:
-    """A controller (``--policy even --cpus 0``), our jobs, and the other owner's cgroup."""
+    """A controller (``--policy even`` or ``static``, ``--cpus 0`` or ``0-1``), the jobs we start
+    against it, the other owner's cgroup beside ours, and an unmanaged canary job."""
 
     controller: ControllerHandle
     cpus: int = 1
