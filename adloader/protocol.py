@@ -13,6 +13,7 @@ report loses no information and a restarted controller can diff them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import types
@@ -161,11 +162,30 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
 
 def encode(message: Message) -> bytes:
     """One line of JSON, newline-terminated. Raises ProtocolError if it would exceed the bound."""
-    payload = {"v": VERSION, "type": message.TYPE, **dataclasses.asdict(message)}
+    payload = {"v": VERSION, "type": message.TYPE, **plain(message)}
     line = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode() + b"\n"
     if len(line) > MAX_LINE_BYTES:
         raise ProtocolError("too_long", f"message of {len(line)} bytes exceeds {MAX_LINE_BYTES}")
     return line
+
+
+def plain(value: Any) -> Any:
+    """A tree of dataclasses, lists and dicts as JSON-ready builtins. Unlike
+    ``dataclasses.asdict`` it copies nothing it does not convert: the controller encodes
+    every job's status for each client twice a second, and deep copies were most of it."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {name: plain(getattr(value, name)) for name in _schema(type(value))[0]}
+    if isinstance(value, (list, tuple)):
+        return [plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    return value
+
+
+@functools.cache
+def _schema(cls: type) -> tuple[dict[str, dataclasses.Field], dict[str, Any]]:
+    """A dataclass's fields by name and its resolved type hints, computed once per class."""
+    return {f.name: f for f in dataclasses.fields(cls)}, typing.get_type_hints(cls)
 
 
 def decode(line: bytes | str) -> Message:
@@ -206,8 +226,7 @@ def _reject_constant(name: str) -> Any:
 
 
 def _build(cls: type[Message], obj: dict[str, Any]) -> Message:
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields, hints = _schema(cls)
     unknown = set(obj) - set(fields)
     if unknown:
         raise ProtocolError("unknown_field", f"{cls.TYPE}: unknown field(s) {sorted(unknown)[:8]}")

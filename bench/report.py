@@ -213,8 +213,8 @@ def plot(path: Path, runs: Sequence[RunOutcome], order: Sequence[str], title: st
                     label=f"{outcome.spec.name} ({outcome.spec.gpus} GPU)")
         ax.set_ylim(-0.02, 1.05)
         ax.set_ylabel("GPU busy")
-        ax.set_title(f"{run.policy}: GPU-weighted busy {score['gpu_busy']:.2f}, makespan {score['makespan_s']:.0f}s",
-                     fontsize=9, loc="left")
+        ax.set_title(f"{run.policy} (first run): GPU-weighted busy {score['gpu_busy']:.2f}, "
+                     f"makespan {score['makespan_s']:.0f}s", fontsize=9, loc="left")
         ax.grid(alpha=0.3)
     axes[0, 0].legend(fontsize=7, loc="lower right", ncol=2)
     axes[-1, 0].set_xlabel("seconds since the first arrival")

@@ -10,6 +10,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from adloader.protocol import plain
+
 JOB_STATES: tuple[str, ...] = ("starting", "running", "gone")
 REALLOCATION_REASONS: tuple[str, ...] = ("arrival", "departure", "gain", "policy_change", "adoption")
 ERROR_KINDS: tuple[str, ...] = (
@@ -84,7 +86,7 @@ class NodeSnapshot:
     backend_failures_total: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return plain(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "NodeSnapshot":

@@ -43,6 +43,7 @@ class CgroupV1Backend:
         self.group = check_name(group, "cgroup name")
         self.root = Path(root)
         self._proc = Path(proc)
+        self._nodes: dict[tuple[str, str | None], Node] = {}
         if not (self.root / "cpu").is_dir():
             raise BackendError(
                 f"no cgroup v1 cpu hierarchy at {self.root / 'cpu'}: mount it "
@@ -56,10 +57,18 @@ class CgroupV1Backend:
 
     # -- paths -------------------------------------------------------------------------------
     def _node(self, hierarchy: str, job_id: str | None = None) -> Node:
-        """The cgroupspy node of the group (or of the job's group when ``job_id`` is given)."""
-        node = Node(hierarchy, parent=Node(str(self.root)))
-        node = Node(self.group, parent=node)
-        return Node(check_name(job_id), parent=node) if job_id is not None else node
+        """The cgroupspy node of the group (or of the job's group when ``job_id`` is given).
+        Nodes are only paths, so they are built once: every control step reads each job's
+        CPU time, and rebuilding the chain each time was most of the controller's CPU."""
+        key = (hierarchy, job_id)
+        node = self._nodes.get(key)
+        if node is None:
+            if job_id is None:
+                node = Node(self.group, parent=Node(hierarchy, parent=Node(str(self.root))))
+            else:
+                node = Node(check_name(job_id), parent=self._node(hierarchy))
+            self._nodes[key] = node
+        return node
 
     def _dir(self, hierarchy: str, job_id: str | None = None) -> Path:
         return Path(self._node(hierarchy, job_id).full_path.decode())
@@ -78,7 +87,9 @@ class CgroupV1Backend:
             parent = self._node(hierarchy)
             for node in (parent, self._node(hierarchy, job_id)):
                 with kernel_call(node.full_path, f"creating the {hierarchy} group"):
-                    node.parent.create_cgroup(node.name)
+                    # mkdir rather than cgroupspy's create_cgroup, which keeps a list of the
+                    # children it made on the (cached) parent node and refuses to repeat one.
+                    Path(node.full_path.decode()).mkdir(exist_ok=True)
                     if hierarchy == "cpuset":
                         _inherit_cpuset(node)
                     if hierarchy == "cpu" and node.controller.cfs_period_us != CFS_PERIOD_US:
@@ -146,7 +157,10 @@ class CgroupV1Backend:
                 with kernel_call(parent.full_path + b"/cgroup.procs", f"moving pid {pid} out of the job's group"):
                     parent.controller.procs = [pid]
 
-            drain_and_rmdir(Path(job_node.full_path.decode()), lambda: read_pid_list(procs_file), move_to_parent)
+            try:
+                drain_and_rmdir(Path(job_node.full_path.decode()), lambda: read_pid_list(procs_file), move_to_parent)
+            finally:
+                self._nodes.pop((hierarchy, job_id), None)
 
     def release(self, job_id: str) -> None:
         if "cpu" in self._hierarchies:
