@@ -101,7 +101,7 @@ def _build(args: argparse.Namespace) -> Controller:
 
     memory = NodeMemory(config.state_dir, args.device or detect_device())
     return Controller(config, predictor=memory.predict, on_job_finished=memory.record,
-                      expected_samples=memory.expected_samples)
+                      recall=memory.recall)
 
 
 async def _serve(controller: Controller) -> int:

@@ -28,7 +28,7 @@ from controller.cpuspec import format_cpus
 from controller.loop import ControlLoop
 from controller.peer import peer_belongs_to_job
 from controller.policies import JobAllocation, NodeResources, PolicyError, make_policy, policy_names
-from controller.registry import ExpectedSamples, Job, JobFinishedHook, Predictor, Registry
+from controller.registry import Job, JobFinishedHook, Predictor, Recall, Registry
 from controller.server import Connection, ControlServer, RequestRefused
 from controller.snapshot import NodeSnapshot
 from controller.state import STATE_VERSION, ControllerState, PersistedJob, StateStore, StateWriteError
@@ -71,13 +71,13 @@ class Controller:
         backend: ResourceBackend | None = None,
         predictor: Predictor | None = None,
         on_job_finished: JobFinishedHook | None = None,
-        expected_samples: ExpectedSamples | None = None,
+        recall: Recall | None = None,
     ) -> None:
         self.config = config
         self.backend = backend or detect_backend(config.backend, config.group, config.cgroup_root, config.proc)
         self.node = NodeResources(cpus=config.cpus, read_bps=config.read_bps, read_device=config.read_device)
         self.registry = Registry(window_s=config.window_s, predictor=predictor, on_job_finished=on_job_finished,
-                                 expected_samples=expected_samples)
+                                 recall=recall)
         self.store = StateStore(config.state_dir)
         self.loop = ControlLoop(self.backend, self.node, make_policy(config.policy or default_policy()))
         self.server = ControlServer(config.socket_path, self.handle, self._connection_closed, self._count_error)

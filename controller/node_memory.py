@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from controller.history import FinishedJob, JobHistory
+from controller.registry import Recollection
 from controller.snapshot import JobSnapshot
 
 log = logging.getLogger(__name__)
@@ -97,10 +98,17 @@ class NodeMemory:
         log.info("job %s (%s) recorded in the node's history: %d samples", snapshot.job_id, snapshot.name,
                  snapshot.samples_total)
 
-    def expected_samples(self, name: str, features: dict[str, float] | None) -> float | None:
-        """Samples earlier runs of the same job (same name and features) processed, or None."""
+    def recall(self, name: str, features: dict[str, float] | None) -> Recollection | None:
+        """What earlier runs of the same job (same name and features) measured, or None."""
         history = self.history
         if history is None:
             return None
         estimate = history.lookup(name, features)
-        return estimate.samples if estimate is not None and estimate.samples > 0 else None
+        if estimate is None:
+            return None
+        cost = estimate.cpu_s_per_sample
+        if estimate.loading_curve:  # the group's CPU per sample, what the curve models: preferred
+            cores, samples_per_s = estimate.loading_curve[-1]
+            cost = cores / samples_per_s if samples_per_s > 0 else cost
+        return Recollection(samples=estimate.samples or None, cpu_s_per_sample=cost,
+                            bytes_per_sample=estimate.bytes_per_sample)

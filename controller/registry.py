@@ -36,8 +36,19 @@ Predictor = Callable[[dict[str, float], int], "tuple[float, float, float] | None
 """(features, gpus) -> (M, low, high) samples/s, or None when it cannot tell."""
 JobFinishedHook = Callable[[JobSnapshot, "dict[str, float] | None", "tuple[tuple[float, float], ...]"], None]
 """(final snapshot, the job's model features, its fitted loading-curve points): the job history's input."""
-ExpectedSamples = Callable[[str, "dict[str, float] | None"], "float | None"]
-"""(name, features) -> samples earlier runs of the same job processed, or None (not a recurring job)."""
+Recall = Callable[[str, "dict[str, float] | None"], "Recollection | None"]
+"""(name, features) -> what earlier runs of the same job measured, or None (not a recurring job)."""
+
+
+@dataclass(frozen=True)
+class Recollection:
+    """What the node remembers of a recurring job's earlier runs (A-SRPT: most jobs recur).
+    It stands in for measurements until the job's own arrive, so its first allocation is
+    already sized: its length for ``jct``, its loading cost for every policy."""
+
+    samples: float | None = None
+    cpu_s_per_sample: float | None = None
+    bytes_per_sample: float | None = None
 
 MIN_BATCHES_FOR_M = 8
 """The policy gets a measured M once a rank has run this many steps (until then the
@@ -87,6 +98,8 @@ class Job:
     adopted: bool = False
     ranks: dict[int, deque[tuple[float, Report]]] = field(default_factory=dict)
     loading_curve: LoadingCurveEstimator = field(default_factory=LoadingCurveEstimator)
+    recollection: Recollection | None = None
+    """What earlier runs of the same job measured (None: it has not run on this node)."""
     cpu_samples: deque[tuple[float, float]] = field(default_factory=deque)
     """(monotonic time, CPU seconds of the job's whole group) over the window."""
     """Concave fit of (cores, loading samples/s) measured while the job was loader-bound."""
@@ -105,14 +118,14 @@ class Registry:
         window_s: float = 5.0,
         predictor: Predictor | None = None,
         on_job_finished: JobFinishedHook | None = None,
-        expected_samples: ExpectedSamples | None = None,
+        recall: Recall | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.window_s = window_s
         self._predictor = predictor
         self._on_job_finished = on_job_finished
-        self._expected_samples = expected_samples
+        self._recall = recall
         self._clock = clock
         self._wall_clock = wall_clock
         self._started_wall = wall_clock()
@@ -158,14 +171,25 @@ class Registry:
             arrival_s=now - self._started_wall, cgroup=cgroup, requested_workers=requested_workers,
             features=features, total_samples=total_samples,
         )
-        if total_samples is None and self._expected_samples is not None:
-            expected = self._expected_samples(name, features)
-            if expected:
-                job.total_samples = int(expected)
-                log.info("job %s (%s) recurs: expecting %d samples, as its earlier runs", job_id, name, job.total_samples)
+        self._remember(job)
         job.predicted = self._predict(job)
         self._jobs[job_id] = job
         return job
+
+    def _remember(self, job: Job) -> None:
+        """Give a recurring job what its earlier runs measured: its length (unless it declared
+        one) and its loading cost, the prior of its loading curve until its own windows count."""
+        recollection = self._recall(job.name, job.features) if self._recall is not None else None
+        if recollection is None:
+            return
+        job.recollection = recollection
+        if job.total_samples is None and recollection.samples:
+            job.total_samples = int(recollection.samples)
+        if recollection.cpu_s_per_sample:
+            job.loading_curve = LoadingCurveEstimator(prior_cpu_s_per_sample=recollection.cpu_s_per_sample)
+        log.info("job %s (%s) recurs: expecting %s samples at %s ms of CPU each, as its earlier runs",
+                 job.job_id, job.name, f"{job.total_samples:d}" if job.total_samples else "unknown",
+                 f"{1000 * recollection.cpu_s_per_sample:.2f}" if recollection.cpu_s_per_sample else "unknown")
 
     def adopt(self, persisted: PersistedJob) -> Job:
         """Take over a job an earlier controller registered; its launcher's connection is gone."""
@@ -314,6 +338,7 @@ class Registry:
             if job.ended:
                 continue
             rates = self.rates(job)
+            recalled = job.recollection or Recollection()
             max_tp, interval = self.measured_max_throughput(job), None
             if max_tp is None and job.predicted is not None:
                 max_tp, interval = job.predicted[0], (job.predicted[1], job.predicted[2])
@@ -322,7 +347,8 @@ class Registry:
                     job_id=job.job_id, name=job.name, gpus=job.gpus, ranks=self._ranks(job),
                     requested_workers=job.requested_workers, arrival_s=job.arrival_s,
                     max_throughput=max_tp, max_throughput_interval=interval,
-                    cpu_s_per_sample=rates.cpu_s_per_sample, bytes_per_sample=rates.bytes_per_sample,
+                    cpu_s_per_sample=_first(rates.cpu_s_per_sample, recalled.cpu_s_per_sample),
+                    bytes_per_sample=_first(rates.bytes_per_sample, recalled.bytes_per_sample),
                     loading_curve=job.loading_curve.points(), achieved=rates.achieved,
                     remaining_samples=self.remaining_samples(job), current=applied.get(job.job_id, job.allocation),
                 )
@@ -399,3 +425,8 @@ class Registry:
     def _ranks(self, job: Job) -> int:
         latest = [window[-1][1] for window in job.ranks.values() if window]
         return max([1, self._ranks_reporting(job), *(r.world_size for r in latest)])
+
+
+def _first(*values: float | None) -> float | None:
+    """The first value that is known (measured before recalled)."""
+    return next((value for value in values if value is not None), None)

@@ -72,7 +72,7 @@ def test_an_unwritable_state_dir_leaves_prediction_working_without_history(tmp_p
     blocked.write_text("")
     memory = NodeMemory(blocked, "cpu")  # the history cannot live under a file
     assert memory.history is None
-    assert memory.expected_samples("mlp", {"flops": 1.0}) is None
+    assert memory.recall("mlp", {"flops": 1.0}) is None
 
 
 def test_device_detection_reads_the_nvidia_driver_model_name(tmp_path: Path) -> None:

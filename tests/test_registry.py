@@ -8,7 +8,7 @@ import pytest
 
 from adloader.protocol import Report
 from controller.policies.base import JobAllocation
-from controller.registry import Registry
+from controller.registry import Recollection, Registry
 from controller.snapshot import JobSnapshot
 from throughput_model.curves import MIN_OBSERVATIONS, WARMUP_OBSERVATIONS
 
@@ -197,19 +197,24 @@ def test_a_failing_history_hook_does_not_keep_the_job(clock: Clock, caplog: pyte
     assert "j1" not in registry and "on_job_finished hook failed for job j1" in caplog.text
 
 
-def test_a_recurring_job_gets_its_length_from_history_and_remaining_counts_down(clock: Clock) -> None:
+def test_a_recurring_job_gets_its_length_and_loading_cost_from_history_before_any_report(clock: Clock) -> None:
     asked: list[tuple[str, object]] = []
 
-    def expected(name: str, features: object) -> float | None:
+    def recall(name: str, features: object) -> Recollection | None:
         asked.append((name, features))
-        return 1000.0 if name == "resnet" else None
+        return Recollection(samples=1000.0, cpu_s_per_sample=0.004, bytes_per_sample=2048.0) if name == "resnet" else None
 
-    registry = _registry(clock, expected_samples=expected)
+    registry = _registry(clock, recall=recall)
     job = registry.register("j1", name="resnet", uid=0, gpus=1, launcher_pid=1, cgroup="g", features={"flops": 2.0})
     other = registry.register("j2", name="new", uid=0, gpus=1, launcher_pid=2, cgroup="g")
     assert asked == [("resnet", {"flops": 2.0}), ("new", None)]
     assert registry.remaining_samples(job) == 1000.0
     assert registry.remaining_samples(other) is None
+    recurring, new = registry.views({})
+    # Before its first report the recurring job's loading curve is its history's: 1 core buys 250 samples/s.
+    assert recurring.loading_curve == ((1.0, 250.0),)
+    assert (recurring.cpu_s_per_sample, recurring.bytes_per_sample) == (0.004, 2048.0)
+    assert new.loading_curve == () and new.cpu_s_per_sample is None
 
 
 def test_a_prediction_not_ready_at_registration_is_asked_for_again_each_step(clock: Clock) -> None:
