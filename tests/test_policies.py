@@ -123,7 +123,8 @@ def test_a_job_not_yet_measured_gets_an_even_share_the_others_split_the_rest() -
 
 def test_the_job_bound_by_reads_gets_the_bandwidth_and_more_workers_per_core() -> None:
     reader = job("reader", m=200.0, p=0.001, bytes_per_sample=1e6)  # needs 200 MB/s of 400
-    others = [job(name, m=200.0, p=0.001, bytes_per_sample=0.0) for name in "xyz"]
+    small = job("small", m=200.0, p=0.001, bytes_per_sample=1e5)  # a second reader: 20 MB/s
+    others = [small, *(job(name, m=200.0, p=0.001, bytes_per_sample=0.0) for name in "xy")]
     allocation = make_policy("adaptive").allocate(NODE, [reader, *others])
     assert allocation["reader"].read_bps >= 200e6
     assert sum(a.read_bps for a in allocation.values()) <= NODE.read_bps
@@ -133,6 +134,18 @@ def test_the_job_bound_by_reads_gets_the_bandwidth_and_more_workers_per_core() -
     # same cores planned as the others, but its workers block on reads: more of them
     assert allocation["reader"].cpu_weight == allocation["x"].cpu_weight
     assert allocation["reader"].workers > allocation["x"].workers
+
+
+def test_a_lone_reader_is_not_throttled_a_newcomer_that_may_read_brings_throttles_back() -> None:
+    reader = job("reader", m=1000.0, p=0.001, bytes_per_sample=1e6)  # wants 1 GB/s, the budget is 400 MB/s
+    others = [job(name, m=200.0, p=0.001, bytes_per_sample=0.0) for name in "xyz"]
+    for policy in (make_policy("adaptive"), OraclePolicy(_true_curves([reader, *others]))):
+        allocation = policy.allocate(NODE, [reader, *others])
+        assert {a.read_bps for a in allocation.values()} == {None}, policy.name
+    newcomer = JobView(job_id="new", name="new", gpus=1)  # not measured yet: it may read
+    allocation = make_policy("adaptive").allocate(NODE, [reader, *others, newcomer])
+    assert None not in {a.read_bps for a in allocation.values()}
+    assert sum(a.read_bps for a in allocation.values()) <= NODE.read_bps
 
 
 def test_bandwidth_is_left_alone_when_the_node_does_not_manage_it() -> None:

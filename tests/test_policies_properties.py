@@ -71,9 +71,11 @@ def check_allocation_invariants(node: NodeResources, jobs: list[JobView], alloca
         assert a.cpus == node.cpus
         assert a.cpu_weight is None or 1 <= a.cpu_weight <= 10_000
     reads = [a.read_bps for a in allocation.values()]
-    if node.read_bps is not None:
+    if node.read_bps is not None and set(reads) != {None}:  # None for all: no two jobs contend for reads
         assert all(r is not None and r >= 1 for r in reads)
         assert sum(reads) <= node.read_bps + len(jobs)  # ints: at most one byte/s of rounding each
+    elif node.read_bps is not None:
+        assert sum(1 for j in jobs if (m := model_of(j)) is None or m.is_reader) <= 1
     else:
         assert all(r is None for r in reads)
 

@@ -22,6 +22,7 @@ from typing import Mapping, Sequence
 from controller.policies import lp
 from controller.policies.base import Allocation, JobAllocation, JobView, NodeResources
 from controller.policies.shares import (
+    throttles_if_contended,
     SATISFIED,
     JobModel,
     allocations,
@@ -108,6 +109,7 @@ class AdaptivePolicy:
             read_bps = spread(bandwidth, {**reserved_io, **solution.read_bps}, floor=io_floor)
         satisfied = frozenset(job_id for job_id, busy in solution.busy.items() if busy >= SATISFIED)
         readers = frozenset(job_id for job_id, model in models.items() if model.is_reader)
+        read_bps = throttles_if_contended(read_bps, jobs, readers, frozenset(models))
         return allocations(
             node, jobs, {**reserved_cores, **solution.cores}, read_bps, satisfied, readers,
             self.workers_per_core, self.reader_workers_per_core,
@@ -126,8 +128,8 @@ class AdaptivePolicy:
         current = {job.job_id: job.current for job in jobs}
         if any(a.workers is None or a.cpu_weight is None or a.cores is not None for a in current.values()):
             return False  # a job arrived, or the previous policy set other kinds of limits
-        if managed_bandwidth(node) is not None and any(a.read_bps is None for a in current.values()):
-            return False
+        if any((a.read_bps is None) != (target[job_id].read_bps is None) for job_id, a in current.items()):
+            return False  # reads became contended (throttles go on) or stopped being (they come off)
         now = predicted_objective(node, jobs, models, weights, current)
         return predicted_objective(node, jobs, models, weights, target) <= now * (1.0 + self.gain_threshold) + 1e-9
 

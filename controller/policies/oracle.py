@@ -30,6 +30,7 @@ import numpy as np
 
 from controller.policies.base import Allocation, JobView, NodeResources, PolicyError
 from controller.policies.shares import (
+    throttles_if_contended,
     SATISFIED,
     JobModel,
     allocations,
@@ -125,6 +126,7 @@ class OraclePolicy:
                 satisfied.add(job.job_id)
         read_bps = spread(bandwidth, io, floor=io_floor) if bandwidth is not None else None
         readers = frozenset(job.job_id for job in known if self.curves[job.name].is_reader)
+        read_bps = throttles_if_contended(read_bps, jobs, readers, frozenset(job.job_id for job in known))
         return allocations(
             node, jobs, cores, read_bps, frozenset(satisfied), readers,
             self.workers_per_core, self.reader_workers_per_core,

@@ -137,6 +137,19 @@ def spread(total: float, need: Mapping[str, float], floor: float = 0.0) -> dict[
     return {job: value + left * basis[job] / scale for job, value in need.items()}
 
 
+def throttles_if_contended(
+    read_bps: Mapping[str, float] | None, jobs: Sequence[JobView], readers: frozenset[str], modelled: frozenset[str],
+) -> Mapping[str, float] | None:
+    """The planned read throttles, or None (no throttle at all) when at most one job may read
+    from the managed device (a known reader, or a job not modelled yet). A lone reader's
+    throttle protects no one and only caps it at the node's declared budget, below what the
+    disk may give: reads stay work-conserving, like the CPU weights."""
+    if read_bps is None:
+        return None
+    may_read = [job for job in jobs if job.job_id in readers or job.job_id not in modelled]
+    return read_bps if len(may_read) >= 2 else None
+
+
 def allocations(
     node: NodeResources,
     jobs: Sequence[JobView],
