@@ -6,7 +6,8 @@ The file format (``adloader bench --mix FILE``)::
      "read_bps": 200e6,                            (optional: the node's read budget)
      "jobs": [{"name": str, "gpus": int, "batch_size": int,
                "compute_ms_per_batch": float, "image_px": int, "samples": int,
-               "arrival_s": float, "num_workers": int, "io_bound": bool}]}
+               "arrival_s": float, "num_workers": int, "io_bound": bool,
+               "model": str}]}                     (optional: see bench/model_jobs.py)
 
 ``num_workers`` is what the job would ask for unmanaged (the ``static`` policy
 keeps it). ``image_px`` is the JPEG side length, or for an ``io_bound`` job the
@@ -26,6 +27,7 @@ from adloader.errors import AdloaderError
 
 MIXES_DIR = Path(__file__).resolve().parent / "mixes"
 DEFAULT_MIX = MIXES_DIR / "adloader_like.json"
+PREDICTION_MIX = MIXES_DIR / "prediction_start.json"
 
 
 class MixError(AdloaderError):
@@ -43,6 +45,9 @@ class JobSpec:
     arrival_s: float
     num_workers: int
     io_bound: bool = False
+    model: str | None = None
+    """A model of the throughput model's corpus (bench/model_jobs.py): the job sends its
+    features at registration, as a job using ``adloader.describe_model`` would."""
 
     @property
     def max_throughput(self) -> float:
@@ -76,13 +81,14 @@ class Mix:
         data: dict[str, Any] = {"name": self.name, "description": self.description}
         if self.read_bps is not None:
             data["read_bps"] = self.read_bps
-        data["jobs"] = [asdict(j) for j in self.jobs]
+        data["jobs"] = [{k: v for k, v in asdict(j).items() if v is not None} for j in self.jobs]
         return data
 
 
 _JOB_TYPES: dict[str, tuple[type, ...]] = {
     "name": (str,), "gpus": (int,), "batch_size": (int,), "compute_ms_per_batch": (int, float),
     "image_px": (int,), "samples": (int,), "arrival_s": (int, float), "num_workers": (int,), "io_bound": (bool,),
+    "model": (str,),
 }
 _JOB_RANGES: dict[str, tuple[float, float]] = {
     "gpus": (0, 64), "batch_size": (1, 4096), "compute_ms_per_batch": (0.1, 60_000), "image_px": (16, 4096),
@@ -139,7 +145,7 @@ def mix_from_dict(data: Any, where: str = "mix") -> Mix:
 
 def _job_problems(raw: dict[str, Any]) -> list[str]:
     problems = []
-    required = {f.name for f in fields(JobSpec) if f.name != "io_bound"}
+    required = {f.name for f in fields(JobSpec) if f.name not in ("io_bound", "model")}
     missing = sorted(required - set(raw))
     if missing:
         problems.append(f"missing {missing}")

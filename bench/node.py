@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from adloader.errors import AdloaderError
 from bench import report
-from bench.mix import DEFAULT_MIX, Mix, load_mix, random_mix
+from bench.mix import DEFAULT_MIX, PREDICTION_MIX, Mix, load_mix, random_mix
 from bench.runner import JobOutcome, NodeSetup, Progress, RunOutcome, run_policy
 
 log = logging.getLogger(__name__)
@@ -35,11 +35,15 @@ DEFAULT_READ_BPS = 200e6
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--mix", type=Path, default=DEFAULT_MIX, metavar="FILE",
-                        help=f"job mix JSON (default: the shipped A-Dloader-like mix, {DEFAULT_MIX.name})")
+    parser.add_argument("--mix", type=Path, default=None, metavar="FILE",
+                        help=f"job mix JSON (default: the shipped A-Dloader-like mix, {DEFAULT_MIX.name}; "
+                        f"--prediction-start: {PREDICTION_MIX.name})")
     parser.add_argument("--random", type=int, default=0, metavar="N",
                         help="run N seeded random mixes instead of --mix")
     parser.add_argument("--seed", type=int, default=1, help="first seed of --random (default 1)")
+    parser.add_argument("--prediction-start", action="store_true",
+                        help="instead of policies: GPU idle in each job's first 30 s under adaptive, starting "
+                        "from an even share, from a predicted M, and as a recurring job (bench/prediction_start.py)")
     parser.add_argument("--policies", default=None,
                         help=f"comma-separated (default {','.join(ALL_POLICIES)}; --quick: "
                         f"{','.join(QUICK_POLICIES)}; --random: {','.join(RANDOM_POLICIES)})")
@@ -68,12 +72,14 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if args.prediction_start:
+        return _prediction_start(args)
     quick = args.quick
     default_policies = RANDOM_POLICIES if args.random else QUICK_POLICIES if quick else ALL_POLICIES
     policies = tuple(p.strip() for p in args.policies.split(",")) if args.policies else default_policies
     repeats = args.repeats if args.repeats is not None else (1 if quick else 3)
     scale = args.scale if args.scale is not None else (QUICK_SCALE if quick else 1.0)
-    mixes = [random_mix(args.seed + i) for i in range(args.random)] if args.random else [load_mix(args.mix)]
+    mixes = [random_mix(args.seed + i) for i in range(args.random)] if args.random else [load_mix(args.mix or DEFAULT_MIX)]
     results = []
     for mix in mixes:
         if scale != 1.0:
@@ -98,6 +104,22 @@ def _bench(args: argparse.Namespace) -> int:
         mix, runs, _ = results[0]
         report.plot(args.plot, runs, policies, f"{mix.name}, each job's GPU busy fraction (2 s window)")
         print(f"plot: {args.plot}")
+    return 0
+
+
+def _prediction_start(args: argparse.Namespace) -> int:
+    from bench import prediction_start
+
+    mix = load_mix(args.mix or PREDICTION_MIX)
+    if args.scale is not None:
+        mix = mix.scaled(args.scale)
+    node = node_setup(mix, args.cpus, args.period, args.read_bps, args.cache)
+    document = prediction_start.compare(mix, args.repeats or 3, node, prepare_datasets(mix, args.cache),
+                                        args.workdir, progress=print_progress)
+    print(prediction_start.table(document))
+    if args.json:
+        report.write_json(args.json, document)
+        print(f"results: {args.json}")
     return 0
 
 

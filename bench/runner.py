@@ -35,6 +35,7 @@ from adloader import protocol
 from adloader.client import ControllerClient
 from adloader.errors import AdloaderError
 from bench.mix import JobSpec, Mix
+from bench.model_jobs import write_features
 from controller.backends.cgroupfs import drain_and_rmdir, read_pid_list, write_interface
 from controller.policies.oracle import CURVES_VAR
 from controller.snapshot import NodeSnapshot
@@ -100,9 +101,16 @@ def run_policy(
     oracle_curves: Path | None = None,
     timeout_s: float = 600.0,
     progress: Progress | None = None,
+    label: str | None = None,
+    send_features: bool = True,
+    state_dir: Path | None = None,
 ) -> RunOutcome:
-    """Run ``mix`` under ``policy`` on a fresh controller; raises BenchError if it cannot."""
-    run_dir = workdir / f"{policy}-{repeat}"
+    """Run ``mix`` under ``policy`` on a fresh controller; raises BenchError if it cannot.
+    ``label`` names the run in results (default: the policy); ``send_features``: jobs that
+    name a model send its features at registration; ``state_dir``: the controller's state
+    and job history (default: a fresh one in the run's directory)."""
+    label = label or policy
+    run_dir = workdir / f"{label}-{repeat}"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     os.chmod(run_dir, 0o755)
@@ -110,7 +118,8 @@ def run_policy(
     socket_path = run_dir / "s.sock"
     environ = _environment(socket_path, oracle_curves if policy == "oracle" else None)
     _make_group(group)
-    controller = _start_controller(policy, node, socket_path, run_dir, group, environ)
+    controller = _start_controller(policy, node, socket_path, run_dir, state_dir or run_dir / "state", group,
+                                   environ)
     launchers: dict[str, subprocess.Popen] = {}
     outcomes: list[JobOutcome] = []
     try:
@@ -126,7 +135,7 @@ def run_policy(
                 raise BenchError(f"{policy}: the mix did not finish within {timeout_s:.0f}s; logs in {run_dir}")
             while pending and pending[0].arrival_s <= now:
                 spec = pending.pop(0)
-                launchers[spec.name] = _launch(spec, datasets[spec.name], run_dir, environ)
+                launchers[spec.name] = _launch(spec, datasets[spec.name], run_dir, environ, send_features)
                 outcomes.append(JobOutcome(spec=spec, launched_s=now))
             for outcome in outcomes:
                 if outcome.ended_s is None:
@@ -153,15 +162,16 @@ def run_policy(
         raise BenchError(f"{policy}: job(s) failed: {names}; see {run_dir}/*.err")
     for outcome in outcomes:
         outcome.timeline = _read_timeline(run_dir / f"{outcome.spec.name}.timeline.json")
-    return RunOutcome(policy=policy, repeat=repeat, started_at=started_at, jobs=outcomes, controller_cpu_s=cpu,
+    return RunOutcome(policy=label, repeat=repeat, started_at=started_at, jobs=outcomes, controller_cpu_s=cpu,
                       wall_s=wall, samples=status_samples)
 
 
-def job_command(spec: JobSpec, dataset: Path, timeline: Path) -> list[str]:
-    """``adloader run`` of one mix job."""
+def job_command(spec: JobSpec, dataset: Path, timeline: Path, features: Path | None = None) -> list[str]:
+    """``adloader run`` of one mix job (sending ``features`` at registration when given)."""
     command = [
         sys.executable, "-m", "adloader", "run", "--name", spec.name, "--gpus", str(spec.gpus),
-        "--num-workers", str(spec.num_workers), "--samples", str(spec.samples), "--",
+        "--num-workers", str(spec.num_workers), "--samples", str(spec.samples),
+        *(["--model-features", str(features)] if features is not None else []), "--",
         sys.executable, "-m", "bench.job", "--name", spec.name, "--dataset", str(dataset),
         "--image-px", str(spec.image_px), "--batch-size", str(spec.batch_size),
         "--compute-ms", str(spec.compute_ms_per_batch), "--samples", str(spec.samples),
@@ -181,12 +191,12 @@ def _environment(socket_path: Path, oracle_curves: Path | None) -> dict[str, str
     return environ
 
 
-def _start_controller(policy: str, node: NodeSetup, socket_path: Path, run_dir: Path, group: str,
+def _start_controller(policy: str, node: NodeSetup, socket_path: Path, run_dir: Path, state_dir: Path, group: str,
                       environ: dict[str, str]) -> subprocess.Popen:
     command = [
         sys.executable, "-m", "adloader", "--log-level", "DEBUG", "controller", "--policy", policy,
         "--socket", str(socket_path),
-        "--state-dir", str(run_dir / "state"), "--cgroup-group", group, "--cpus", node.cpus,
+        "--state-dir", str(state_dir), "--cgroup-group", group, "--cpus", node.cpus,
         "--period", str(node.period_s), "--backend", "cgroup-v1",
     ]
     if node.read_bps is not None and node.read_device is not None:
@@ -216,10 +226,12 @@ def _make_group(group: str) -> None:
     write_interface(directory / "cpu.shares", str(GROUP_CPU_SHARES), "weighting the benchmark's group")
 
 
-def _launch(spec: JobSpec, dataset: Path, run_dir: Path, environ: dict[str, str]) -> subprocess.Popen:
+def _launch(spec: JobSpec, dataset: Path, run_dir: Path, environ: dict[str, str], send_features: bool
+            ) -> subprocess.Popen:
     timeline = run_dir / f"{spec.name}.timeline.json"
+    features = write_features(spec, run_dir) if send_features and spec.model is not None else None
     with (run_dir / f"{spec.name}.out").open("w") as out, (run_dir / f"{spec.name}.err").open("w") as err:
-        return subprocess.Popen(job_command(spec, dataset, timeline), stdout=out, stderr=err,
+        return subprocess.Popen(job_command(spec, dataset, timeline, features), stdout=out, stderr=err,
                                 stdin=subprocess.DEVNULL, cwd=REPO, env=environ, start_new_session=True)
 
 

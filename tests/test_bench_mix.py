@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.mix import DEFAULT_MIX, MIXES_DIR, JobSpec, MixError, load_mix, mix_from_dict, random_mix
+from bench.mix import DEFAULT_MIX, MIXES_DIR, PREDICTION_MIX, JobSpec, MixError, load_mix, mix_from_dict, random_mix
+from bench.model_jobs import check_models, corpus_point, write_features
+from bench.prediction_start import first_window_idle
 from bench.report import busy_series, ratios, score_run, settle_times, summarise, table
 from bench.runner import JobOutcome, RunOutcome, job_command
 
@@ -136,3 +138,35 @@ def test_medians_ratios_and_the_table() -> None:
     assert "even" not in rel or "vs_even" not in rel["even"]
     text = table(summary, ["even", "adaptive"])
     assert "GPU-emulated" in text and "adaptive" in text and "busy/even" in text
+
+
+# ---------------------------------------------------------------- jobs that name a model
+
+
+def test_the_prediction_mix_names_corpus_models_and_emulates_their_measured_steps(tmp_path: Path) -> None:
+    mix = load_mix(PREDICTION_MIX)
+    check_models(mix)
+    for spec in mix.jobs:
+        point = corpus_point(spec)
+        assert spec.compute_ms_per_batch == pytest.approx(1000 * point["step_s"], abs=0.05)
+        features = json.loads(write_features(spec, tmp_path).read_text())
+        assert features == point["features"] and features["batch_size"] == spec.batch_size
+        command = job_command(spec, Path("/data"), Path("/t.json"), tmp_path / f"{spec.name}.features.json")
+        head = command[:command.index("--")]
+        assert head[head.index("--model-features") + 1] == str(tmp_path / f"{spec.name}.features.json")
+
+
+def test_a_model_the_corpus_lacks_is_refused_with_the_choices() -> None:
+    mix = mix_from_dict({"jobs": [dict(GOOD_JOB, model="resnet-9000")]})
+    with pytest.raises(MixError, match=r"model 'resnet-9000' at batch 32 is not in the .*corpus; pick one of"):
+        check_models(mix)
+
+
+def test_first_window_idle_counts_compute_inside_the_window_only() -> None:
+    # Steps at 0, 10, 20, 40 s of 5 s compute each; a 30 s window holds 15 s of compute.
+    timeline = {"loop_s": 45.0, "steps": [[0.0, 0.0, 5.0], [10.0, 5.0, 5.0], [20.0, 5.0, 5.0], [40.0, 15.0, 5.0]]}
+    assert first_window_idle(timeline, 30.0) == pytest.approx(0.5)
+    # A step straddling the window's end counts up to the end; a short job is judged on its loop.
+    assert first_window_idle({"loop_s": 45.0, "steps": [[28.0, 0.0, 5.0]]}, 30.0) == pytest.approx(1 - 2 / 30)
+    assert first_window_idle({"loop_s": 10.0, "steps": [[0.0, 0.0, 5.0]]}, 30.0) == pytest.approx(0.5)
+    assert first_window_idle({"loop_s": 10.0, "steps": []}, 30.0) is None
