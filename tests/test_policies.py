@@ -142,6 +142,9 @@ def test_a_lone_reader_is_not_throttled_a_newcomer_that_may_read_brings_throttle
     for policy in (make_policy("adaptive"), OraclePolicy(_true_curves([reader, *others]))):
         allocation = policy.allocate(NODE, [reader, *others])
         assert {a.read_bps for a in allocation.values()} == {None}, policy.name
+    # its workers wait on the disk, not the CPU: never fewer than it asked for
+    asking = job("reader", m=1000.0, p=0.001, bytes_per_sample=1e6, requested_workers=12)
+    assert make_policy("adaptive").allocate(NODE, [asking, *others])["reader"].workers >= 12
     newcomer = JobView(job_id="new", name="new", gpus=1)  # not measured yet: it may read
     allocation = make_policy("adaptive").allocate(NODE, [reader, *others, newcomer])
     assert None not in {a.read_bps for a in allocation.values()}

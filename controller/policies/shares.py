@@ -175,12 +175,17 @@ def allocations(
         else:
             weight, span = WEIGHT_PER_CORE * c, max(c, free * planned[job.job_id] / unsatisfied_plan)
         k = reader_workers_per_core if job.job_id in readers else workers_per_core
+        workers = workers_for_cores(BURST_HEADROOM * min(span, node.cores) / max(1, job.ranks), k,
+                                    limit=node.max_workers_per_job)
+        if job.job_id in readers and job.requested_workers:
+            # A reader's workers mostly wait on the disk: how many reads are in flight, not its
+            # cores, bounds it. Never fewer than it asked for; its CPU weight still caps its CPU.
+            workers = max(workers, min(job.requested_workers, node.max_workers_per_job))
         result[job.job_id] = JobAllocation(
             cpu_weight=max(1, min(10_000, round(weight))),
             cpus=node.cpus,
             read_bps=None if read_bps is None else max(1, int(read_bps[job.job_id])),
-            workers=workers_for_cores(BURST_HEADROOM * min(span, node.cores) / max(1, job.ranks), k,
-                                      limit=node.max_workers_per_job),
+            workers=workers,
         )
     return result
 
