@@ -150,7 +150,7 @@ def run_policy(
                 live = {j.name: _job_fields(j) for j in snapshot.jobs if j.state != "gone"}
                 status_samples.append((round(now, 3), live))
             if progress is not None:
-                progress(policy, now, outcomes, snapshot)
+                progress(label, now, outcomes, snapshot)
             time.sleep(POLL_S)
         wall = time.monotonic() - start
         cpu = _cpu_seconds(ctl) - cpu_before
