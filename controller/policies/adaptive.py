@@ -22,7 +22,7 @@ from typing import Mapping, Sequence
 from controller.policies import lp
 from controller.policies.base import Allocation, JobAllocation, JobView, NodeResources
 from controller.policies.shares import (
-    throttles_if_contended,
+    reads_contended,
     SATISFIED,
     JobModel,
     allocations,
@@ -80,8 +80,8 @@ class AdaptivePolicy:
         models: Mapping[str, JobModel],
         weights: Mapping[str, float],
     ) -> Allocation:
-        manage_io = managed_bandwidth(node) is not None
-        bandwidth = managed_bandwidth(node) or 0.0
+        manage_io = managed_bandwidth(node) is not None and reads_contended(jobs, models)
+        bandwidth = (managed_bandwidth(node) or 0.0) if manage_io else 0.0
         n = len(jobs)
         core_floor, io_floor = floors(node, n)
         unknown = [job for job in jobs if job.job_id not in models]
@@ -109,7 +109,6 @@ class AdaptivePolicy:
             read_bps = spread(bandwidth, {**reserved_io, **solution.read_bps}, floor=io_floor)
         satisfied = frozenset(job_id for job_id, busy in solution.busy.items() if busy >= SATISFIED)
         readers = frozenset(job_id for job_id, model in models.items() if model.is_reader)
-        read_bps = throttles_if_contended(read_bps, jobs, readers, frozenset(models))
         return allocations(
             node, jobs, {**reserved_cores, **solution.cores}, read_bps, satisfied, readers,
             self.workers_per_core, self.reader_workers_per_core,

@@ -30,7 +30,7 @@ import numpy as np
 
 from controller.policies.base import Allocation, JobView, NodeResources, PolicyError
 from controller.policies.shares import (
-    throttles_if_contended,
+    reads_contended,
     SATISFIED,
     JobModel,
     allocations,
@@ -105,7 +105,7 @@ class OraclePolicy:
     def _search(self, node: NodeResources, jobs: Sequence[JobView]) -> Allocation:
         known = [job for job in jobs if job.name in self.curves]
         unknown = [job for job in jobs if job.name not in self.curves]
-        bandwidth = managed_bandwidth(node)
+        bandwidth = managed_bandwidth(node) if reads_contended(jobs, {j.job_id: self.curves[j.name] for j in known}) else None
         core_floor, io_floor = floors(node, len(jobs))
         cores = {job.job_id: node.cores / len(jobs) for job in unknown}
         io = {job.job_id: (bandwidth or 0.0) / len(jobs) for job in unknown}
@@ -126,7 +126,6 @@ class OraclePolicy:
                 satisfied.add(job.job_id)
         read_bps = spread(bandwidth, io, floor=io_floor) if bandwidth is not None else None
         readers = frozenset(job.job_id for job in known if self.curves[job.name].is_reader)
-        read_bps = throttles_if_contended(read_bps, jobs, readers, frozenset(job.job_id for job in known))
         return allocations(
             node, jobs, cores, read_bps, frozenset(satisfied), readers,
             self.workers_per_core, self.reader_workers_per_core,

@@ -137,17 +137,12 @@ def spread(total: float, need: Mapping[str, float], floor: float = 0.0) -> dict[
     return {job: value + left * basis[job] / scale for job, value in need.items()}
 
 
-def throttles_if_contended(
-    read_bps: Mapping[str, float] | None, jobs: Sequence[JobView], readers: frozenset[str], modelled: frozenset[str],
-) -> Mapping[str, float] | None:
-    """The planned read throttles, or None (no throttle at all) when at most one job may read
-    from the managed device (a known reader, or a job not modelled yet). A lone reader's
-    throttle protects no one and only caps it at the node's declared budget, below what the
-    disk may give: reads stay work-conserving, like the CPU weights."""
-    if read_bps is None:
-        return None
-    may_read = [job for job in jobs if job.job_id in readers or job.job_id not in modelled]
-    return read_bps if len(may_read) >= 2 else None
+def reads_contended(jobs: Sequence[JobView], models: Mapping[str, JobModel]) -> bool:
+    """Whether two or more jobs may read from the managed device: known readers, or jobs not
+    modelled yet. Only then is read bandwidth planned and throttled. A lone reader's throttle
+    protects no one and caps it at the node's declared budget, below what the disk may give,
+    so reads stay work-conserving, like the CPU weights."""
+    return sum(1 for job in jobs if (model := models.get(job.job_id)) is None or model.is_reader) >= 2
 
 
 def allocations(
