@@ -14,7 +14,7 @@ if ! "$PY" -c 'import torch' 2>/dev/null; then
   echo "install.sh: installing torch==2.13.0 (CPU build)"
   "$PY" -m pip install -q torch==2.13.0
 fi
-extras=""
+extras="[plot]"  # the main job (adloader demo) ends with a plot
 [ $want_tests = 1 ] && extras="[test]"
 "$PY" -m pip install -q -e ".${extras}"
 command -v pyenv >/dev/null 2>&1 && pyenv rehash || true

@@ -60,10 +60,11 @@ def _demo(args: argparse.Namespace) -> int:
     for line in goal_lines(document):
         print(line)
     args.out.mkdir(parents=True, exist_ok=True)
+    report.write_json(args.out / "demo.json", document)  # first: a missing plotting library loses nothing
+    print(f"results: {args.out / 'demo.json'}")
     plot_path = args.out / "demo.png"
     report.plot(plot_path, runs, POLICIES, f"adloader demo, {mix.name} ({args.scale:g}x length)")
-    report.write_json(args.out / "demo.json", document)
-    print(f"plot: {plot_path}\nresults: {args.out / 'demo.json'}")
+    print(f"plot: {plot_path}")
     return 0
 
 

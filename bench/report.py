@@ -22,7 +22,12 @@ import statistics
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from adloader.errors import AdloaderError
 from bench.runner import RunOutcome
+
+
+class PlotUnavailable(AdloaderError):
+    """matplotlib (the ``plot`` extra) is not installed."""
 
 METRICS = ("gpu_busy", "samples_per_s", "makespan_s", "mean_jct_s", "controller_cpu_pct", "settle_s")
 HIGHER_IS_BETTER = {"gpu_busy": True, "samples_per_s": True, "makespan_s": False, "mean_jct_s": False}
@@ -191,7 +196,11 @@ def busy_series(timeline: dict, offset_s: float, window_s: float = 2.0, step_s: 
 
 def plot(path: Path, runs: Sequence[RunOutcome], order: Sequence[str], title: str) -> None:
     """PNG: one panel per policy (its first repeat), each job's GPU busy fraction over time."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise PlotUnavailable(f"cannot draw {path}: matplotlib is not installed; "
+                              "pip install 'adloader[plot]' (./install.sh installs it)") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

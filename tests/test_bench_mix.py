@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 from bench.mix import DEFAULT_MIX, MIXES_DIR, PREDICTION_MIX, JobSpec, MixError, load_mix, mix_from_dict, random_mix
 from bench.model_jobs import check_models, corpus_point, write_features
 from bench.prediction_start import first_window_idle
-from bench.report import busy_series, ratios, score_run, settle_times, summarise, table
+from bench.report import PlotUnavailable, busy_series, plot, ratios, score_run, settle_times, summarise, table
 from bench.runner import JobOutcome, RunOutcome, job_command
 
 GOOD_JOB = {
@@ -170,3 +171,10 @@ def test_first_window_idle_counts_compute_inside_the_window_only() -> None:
     assert first_window_idle({"loop_s": 45.0, "steps": [[28.0, 0.0, 5.0]]}, 30.0) == pytest.approx(1 - 2 / 30)
     assert first_window_idle({"loop_s": 10.0, "steps": [[0.0, 0.0, 5.0]]}, 30.0) == pytest.approx(0.5)
     assert first_window_idle({"loop_s": 10.0, "steps": []}, 30.0) is None
+
+
+def test_without_matplotlib_the_plot_says_how_to_get_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what `import matplotlib` meets where it is not installed
+    with pytest.raises(PlotUnavailable, match=r"matplotlib is not installed; pip install 'adloader\[plot\]'"):
+        plot(tmp_path / "x.png", [], ["even"], "title")
+    assert not (tmp_path / "x.png").exists()
