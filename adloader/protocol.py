@@ -174,7 +174,7 @@ def plain(value: Any) -> Any:
     ``dataclasses.asdict`` it copies nothing it does not convert: the controller encodes
     every job's status for each client twice a second, and deep copies were most of it."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {name: plain(getattr(value, name)) for name in _schema(type(value))[0]}
+        return {name: plain(getattr(value, name)) for name in _fields(type(value))}
     if isinstance(value, (list, tuple)):
         return [plain(item) for item in value]
     if isinstance(value, dict):
@@ -183,9 +183,15 @@ def plain(value: Any) -> Any:
 
 
 @functools.cache
-def _schema(cls: type) -> tuple[dict[str, dataclasses.Field], dict[str, Any]]:
-    """A dataclass's fields by name and its resolved type hints, computed once per class."""
-    return {f.name: f for f in dataclasses.fields(cls)}, typing.get_type_hints(cls)
+def _fields(cls: type) -> dict[str, dataclasses.Field]:
+    """A dataclass's fields by name, computed once per class."""
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """A message class's resolved type hints, computed once per class (decode checks them)."""
+    return typing.get_type_hints(cls)
 
 
 def decode(line: bytes | str) -> Message:
@@ -226,7 +232,7 @@ def _reject_constant(name: str) -> Any:
 
 
 def _build(cls: type[Message], obj: dict[str, Any]) -> Message:
-    fields, hints = _schema(cls)
+    fields, hints = _fields(cls), _hints(cls)
     unknown = set(obj) - set(fields)
     if unknown:
         raise ProtocolError("unknown_field", f"{cls.TYPE}: unknown field(s) {sorted(unknown)[:8]}")

@@ -82,11 +82,12 @@ def compare(
                 send_features=variant != "even-start", state_dir=memory if variant == "recurring" else None,
             ))
     scores = {variant: [score(r, window_s) for r in runs if r.policy == variant] for variant in VARIANTS}
+    runs_summary = report.summarise(runs)  # grouped by label: one entry per variant
     summary = {
         variant: {
             "gpu_idle_first_window": statistics.median(s["gpu_idle_first_window"] for s in scored),
             "repeats": scored,
-            "run": report.summarise([r for r in runs if r.policy == variant])[variant],
+            "run": runs_summary[variant],
         }
         for variant, scored in scores.items()
     }

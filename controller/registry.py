@@ -98,11 +98,11 @@ class Job:
     adopted: bool = False
     ranks: dict[int, deque[tuple[float, Report]]] = field(default_factory=dict)
     loading_curve: LoadingCurveEstimator = field(default_factory=LoadingCurveEstimator)
+    """Fit of (cores, loading samples/s) from the job's windows (a recurring job's starts from its history)."""
     recollection: Recollection | None = None
     """What earlier runs of the same job measured (None: it has not run on this node)."""
     cpu_samples: deque[tuple[float, float]] = field(default_factory=deque)
     """(monotonic time, CPU seconds of the job's whole group) over the window."""
-    """Concave fit of (cores, loading samples/s) measured while the job was loader-bound."""
 
     @property
     def ended(self) -> bool:

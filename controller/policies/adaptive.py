@@ -22,12 +22,11 @@ from typing import Mapping, Sequence
 from controller.policies import lp
 from controller.policies.base import Allocation, JobAllocation, JobView, NodeResources
 from controller.policies.shares import (
-    reads_contended,
     SATISFIED,
     JobModel,
     allocations,
+    contended_bandwidth,
     floors,
-    managed_bandwidth,
     model_of,
     predicted_objective,
     spread,
@@ -80,8 +79,9 @@ class AdaptivePolicy:
         models: Mapping[str, JobModel],
         weights: Mapping[str, float],
     ) -> Allocation:
-        manage_io = managed_bandwidth(node) is not None and reads_contended(jobs, models)
-        bandwidth = (managed_bandwidth(node) or 0.0) if manage_io else 0.0
+        budget = contended_bandwidth(node, jobs, models)
+        manage_io = budget is not None
+        bandwidth = budget or 0.0
         n = len(jobs)
         core_floor, io_floor = floors(node, n)
         unknown = [job for job in jobs if job.job_id not in models]

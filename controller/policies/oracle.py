@@ -30,12 +30,11 @@ import numpy as np
 
 from controller.policies.base import Allocation, JobView, NodeResources, PolicyError
 from controller.policies.shares import (
-    reads_contended,
     SATISFIED,
     JobModel,
     allocations,
+    contended_bandwidth,
     floors,
-    managed_bandwidth,
     spread,
     with_plan_margin,
 )
@@ -105,7 +104,7 @@ class OraclePolicy:
     def _search(self, node: NodeResources, jobs: Sequence[JobView]) -> Allocation:
         known = [job for job in jobs if job.name in self.curves]
         unknown = [job for job in jobs if job.name not in self.curves]
-        bandwidth = managed_bandwidth(node) if reads_contended(jobs, {j.job_id: self.curves[j.name] for j in known}) else None
+        bandwidth = contended_bandwidth(node, jobs, {job.job_id: self.curves[job.name] for job in known})
         core_floor, io_floor = floors(node, len(jobs))
         cores = {job.job_id: node.cores / len(jobs) for job in unknown}
         io = {job.job_id: (bandwidth or 0.0) / len(jobs) for job in unknown}

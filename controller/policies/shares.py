@@ -137,12 +137,13 @@ def spread(total: float, need: Mapping[str, float], floor: float = 0.0) -> dict[
     return {job: value + left * basis[job] / scale for job, value in need.items()}
 
 
-def reads_contended(jobs: Sequence[JobView], models: Mapping[str, JobModel]) -> bool:
-    """Whether two or more jobs may read from the managed device: known readers, or jobs not
-    modelled yet. Only then is read bandwidth planned and throttled. A lone reader's throttle
-    protects no one and caps it at the node's declared budget, below what the disk may give,
-    so reads stay work-conserving, like the CPU weights."""
-    return sum(1 for job in jobs if (model := models.get(job.job_id)) is None or model.is_reader) >= 2
+def contended_bandwidth(node: NodeResources, jobs: Sequence[JobView], models: Mapping[str, JobModel]) -> float | None:
+    """The read bandwidth to plan and throttle: the node's managed budget while two or more
+    jobs may read from the device (known readers, or jobs not modelled yet), else None. A
+    lone reader's throttle protects no one and caps it at the declared budget, below what
+    the disk may give, so reads stay work-conserving, like the CPU weights."""
+    may_read = sum(1 for job in jobs if (model := models.get(job.job_id)) is None or model.is_reader)
+    return managed_bandwidth(node) if may_read >= 2 else None
 
 
 def allocations(
