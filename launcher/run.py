@@ -18,9 +18,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 from adloader import env, protocol
 from adloader.client import ControllerClient
@@ -120,56 +121,75 @@ def register(request: JobRequest, socket_path: str) -> ManagedJob | None:
 
 
 def run_job(request: JobRequest, socket_path: str, environ: Mapping[str, str] | None = None) -> int:
-    """Register, run the command to its end, tell the controller; returns the exit code."""
+    """Register, run the command to its end, tell the controller; returns the exit code.
+
+    The forwarded signals are held from the start, not only once the command runs: a job
+    registers (and its owner may signal it) before the command exists. One that arrives
+    before the command starts ends the launch with 128+N instead of starting it."""
     environ = os.environ if environ is None else environ
-    managed = register(request, socket_path)
-    command_env = dict(environ)
-    if managed is not None:
-        command_env = env.managed_environment(environ, socket_path, managed.job_id)
-    exit_code = supervise(request.command, command_env)
+    with held_signals() as command_mask:
+        managed = register(request, socket_path)
+        command_env = dict(environ)
+        if managed is not None:
+            command_env = env.managed_environment(environ, socket_path, managed.job_id)
+        early = signal.sigtimedwait(FORWARDED_SIGNALS, 0)
+        if early is not None:
+            log.warning("%s arrived before the command started; not starting it",
+                        signal.Signals(early.si_signo).name)
+            exit_code = 128 + early.si_signo
+        else:
+            exit_code = supervise(request.command, command_env, command_mask)
     if managed is not None:
         managed.end(exit_code)
     return exit_code
 
 
-def supervise(command: Sequence[str], environ: Mapping[str, str]) -> int:
-    """Run ``command``, forwarding signals to it, and return its exit code (128+N if killed by N).
-
-    Signals are blocked and taken with sigwaitinfo, so none is lost between the spawn and
-    the wait, and the terminal's own signals can be told apart from kill(2)'s."""
-    watched = {signal.SIGCHLD, *FORWARDED_SIGNALS}
+@contextmanager
+def held_signals() -> Iterator[set[signal.Signals]]:
+    """Blocks SIGCHLD and the forwarded signals for the block (so none is lost or kills the
+    launcher by default action); yields the mask the command must start with."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # an inherited SIG_IGN would reap the command for us
-    previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, watched)
+    previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD, *FORWARDED_SIGNALS})
     try:
-        try:
-            pid = os.posix_spawnp(
-                command[0], list(command), dict(environ),
-                setsigmask=previous_mask,
-                # Python ignores these two; a command expects the defaults (as subprocess's restore_signals).
-                setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
-            )
-        except FileNotFoundError:
-            log.error("command not found: %s", command[0])
-            return EXIT_NOT_FOUND
-        except PermissionError:
-            log.error("command not executable: %s", command[0])
-            return EXIT_NOT_EXECUTABLE
-        while True:
-            info = signal.sigwaitinfo(watched)
-            if info.si_signo == signal.SIGCHLD:
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done == pid:
-                    return exit_code_of(status)
-                continue
-            if info.si_code == SI_KERNEL:
-                continue  # from the terminal: the command, in our process group, has it already
-            log.debug("forwarding %s to pid %d", signal.Signals(info.si_signo).name, pid)
-            try:
-                os.kill(pid, info.si_signo)
-            except ProcessLookupError:
-                pass
+        yield previous_mask
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+
+
+def supervise(command: Sequence[str], environ: Mapping[str, str], command_mask: set[signal.Signals]) -> int:
+    """Run ``command``, forwarding signals to it, and return its exit code (128+N if killed by N).
+
+    Call it inside :func:`held_signals`: the signals stay blocked and are taken with
+    sigwaitinfo, so none is lost between the spawn and the wait, and the terminal's own
+    signals can be told apart from kill(2)'s."""
+    watched = {signal.SIGCHLD, *FORWARDED_SIGNALS}
+    try:
+        pid = os.posix_spawnp(
+            command[0], list(command), dict(environ),
+            setsigmask=command_mask,
+            # Python ignores these two; a command expects the defaults (as subprocess's restore_signals).
+            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+        )
+    except FileNotFoundError:
+        log.error("command not found: %s", command[0])
+        return EXIT_NOT_FOUND
+    except PermissionError:
+        log.error("command not executable: %s", command[0])
+        return EXIT_NOT_EXECUTABLE
+    while True:
+        info = signal.sigwaitinfo(watched)
+        if info.si_signo == signal.SIGCHLD:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done == pid:
+                return exit_code_of(status)
+            continue
+        if info.si_code == SI_KERNEL:
+            continue  # from the terminal: the command, in our process group, has it already
+        log.debug("forwarding %s to pid %d", signal.Signals(info.si_signo).name, pid)
+        try:
+            os.kill(pid, info.si_signo)
+        except ProcessLookupError:
+            pass
 
 
 def exit_code_of(wait_status: int) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
+import socket
 import subprocess
 import sys
 import termios
@@ -174,3 +175,26 @@ def test_model_features_must_be_a_json_object_of_numbers(tmp_path: Path) -> None
     result = subprocess.run([sys.executable, "-m", "adloader", "run", "--model-features", str(bad), "--", "true"],
                             capture_output=True, text=True, cwd=REPO, env=base_environment(), timeout=30)
     assert result.returncode == 2 and "must be a JSON object of names to finite numbers" in result.stderr
+
+
+def test_a_signal_during_registration_ends_the_launch_without_starting_the_command(
+    start_job: Callable[..., JobProcess], tmp_path: Path,
+) -> None:
+    """The job's owner may signal it as soon as it is registered, before the command exists:
+    the launcher must neither die by the signal's default action nor start the command."""
+    started = tmp_path / "started"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp_path / "slow.sock"))
+    listener.listen(1)
+    listener.settimeout(30)
+    job = start_job(*_python("import pathlib, sys; pathlib.Path(sys.argv[1]).write_text('x')", started),
+                    name="early", socket=tmp_path / "slow.sock")
+    connection, _ = listener.accept()
+    with connection, listener:
+        connection.settimeout(30)
+        assert b"register" in connection.recv(65536).lower()  # the launcher now waits for the reply
+        job.signal(signal.SIGTERM)
+        time.sleep(0.5)
+    assert job.wait(20) == 128 + signal.SIGTERM
+    assert not started.exists()
+    assert "SIGTERM arrived before the command started" in job.output()[1]
