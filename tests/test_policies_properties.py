@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from controller.policies import JobAllocation, JobView, NodeResources, make_policy
 from controller.policies.oracle import OraclePolicy
-from controller.policies.shares import JobModel, model_of
+from controller.policies.shares import JobModel, may_read, model_of
 
 POLICIES = ["even", "adaptive", "jct", "oracle"]
 
@@ -80,7 +80,7 @@ def check_allocation_invariants(
         assert all(r is not None and r >= 1 for r in reads)
         assert sum(reads) <= node.read_bps + len(jobs)  # ints: at most one byte/s of rounding each
     elif node.read_bps is not None:
-        assert sum(1 for j in jobs if (m := model_for(j)) is None or m.is_reader) <= 1
+        assert sum(1 for j in jobs if may_read(j, model_for(j))) <= 1
     else:
         assert all(r is None for r in reads)
 

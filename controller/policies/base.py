@@ -80,6 +80,12 @@ class JobView:
     remaining_samples: float | None = None
     """Predicted samples left (from history or the job's own sample count); None: unknown."""
     current: JobAllocation = field(default_factory=JobAllocation)
+    allocation_age_s: float | None = None
+    """Seconds ``current`` has been in force; None: not tracked (no limit on how often it changes)."""
+    since_event_s: float | None = None
+    """Seconds since the node's job set last changed (an arrival or a departure); None: not tracked."""
+    max_workers: int | None = None
+    """Most workers per rank that fit in the job's memory (controller/worker_memory.py); None: no limit known."""
 
 
 Allocation = Mapping[str, JobAllocation]
@@ -92,6 +98,15 @@ class Policy(Protocol):
 
     def allocate(self, node: NodeResources, jobs: Sequence[JobView]) -> Allocation:
         ...
+
+
+def worker_limit(node: NodeResources, job: JobView) -> int:
+    """The most workers per rank a policy may give ``job``: the node's cap, and what fits in
+    the job's memory (at least one: a loader keeps one worker)."""
+    limit = node.max_workers_per_job
+    if job.max_workers is not None:
+        limit = min(limit, max(1, job.max_workers))
+    return limit
 
 
 def workers_for_cores(cores: float, workers_per_core: float = 1.0, limit: int = 32) -> int:

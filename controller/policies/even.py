@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from controller.policies.base import Allocation, JobAllocation, JobView, NodeResources, workers_for_cores
+from controller.policies.base import Allocation, JobAllocation, JobView, NodeResources, worker_limit, workers_for_cores
 
 
 class EvenPolicy:
@@ -17,6 +17,6 @@ class EvenPolicy:
         read_bps = int(node.read_bps / len(jobs)) if node.read_bps else None
         allocation: dict[str, JobAllocation] = {}
         for job in jobs:
-            workers = workers_for_cores(cores / max(1, job.ranks), limit=node.max_workers_per_job)
+            workers = workers_for_cores(cores / max(1, job.ranks), limit=worker_limit(node, job))
             allocation[job.job_id] = JobAllocation(cores=cores, cpus=node.cpus, read_bps=read_bps, workers=workers)
         return allocation

@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from controller.policies.base import JobAllocation, JobView, NodeResources, workers_for_cores
+from controller.policies.base import JobAllocation, JobView, NodeResources, worker_limit, workers_for_cores
 from throughput_model.curves import Line, concave_lines, evaluate_lines
 
 READER_BYTES_PER_S = 1e6
@@ -142,8 +142,20 @@ def contended_bandwidth(node: NodeResources, jobs: Sequence[JobView], models: Ma
     jobs may read from the device (known readers, or jobs not modelled yet), else None. A
     lone reader's throttle protects no one and caps it at the declared budget, below what
     the disk may give, so reads stay work-conserving, like the CPU weights."""
-    may_read = sum(1 for job in jobs if (model := models.get(job.job_id)) is None or model.is_reader)
-    return managed_bandwidth(node) if may_read >= 2 else None
+    readers = sum(1 for job in jobs if may_read(job, models.get(job.job_id)))
+    return managed_bandwidth(node) if readers >= 2 else None
+
+
+def may_read(job: JobView, model: JobModel | None) -> bool:
+    """Whether ``job`` may read from the managed device: its model says so, or, before it is
+    modelled, its first reports' bytes per sample do (a job whose first window read from the
+    page cache is no reader); a job not seen reading yet may."""
+    if model is not None:
+        return model.is_reader
+    if job.bytes_per_sample is None:
+        return True
+    rate = job.max_throughput or job.achieved
+    return rate is None or job.bytes_per_sample * rate >= READER_BYTES_PER_S
 
 
 def allocations(
@@ -171,12 +183,13 @@ def allocations(
         else:
             weight, span = WEIGHT_PER_CORE * c, max(c, free * planned[job.job_id] / unsatisfied_plan)
         k = reader_workers_per_core if job.job_id in readers else workers_per_core
-        workers = workers_for_cores(BURST_HEADROOM * min(span, node.cores) / max(1, job.ranks), k,
-                                    limit=node.max_workers_per_job)
+        limit = worker_limit(node, job)
+        workers = workers_for_cores(BURST_HEADROOM * min(span, node.cores) / max(1, job.ranks), k, limit=limit)
         if job.job_id in readers and job.requested_workers:
             # A reader's workers mostly wait on the disk: how many reads are in flight, not its
-            # cores, bounds it. Never fewer than it asked for; its CPU weight still caps its CPU.
-            workers = max(workers, min(job.requested_workers, node.max_workers_per_job))
+            # cores, bounds it. Never fewer than it asked for (memory permitting); its CPU weight
+            # still caps its CPU.
+            workers = max(workers, min(job.requested_workers, limit))
         result[job.job_id] = JobAllocation(
             cpu_weight=max(1, min(10_000, round(weight))),
             cpus=node.cpus,

@@ -1,0 +1,65 @@
+"""Jobs worth the same, up to measurement noise, are planned as equals.
+
+The linear program values a job's busy time by its weight (GPUs) per sample and its
+loading curve's samples per core: the worth of a core to it, w·s/M. Two identical jobs
+never measure the same worth: on a busy node their curves differ by up to ±20% from
+one window to the next, and a starved job (few cores, few batches per window) measures
+the noisiest of all. Handed such models, the program gives every contended core to
+whichever job measured a few percent better this period, and the next period to the
+other one: CPU weights swapped 10 <-> 190 ten times in 40 s for two identical jobs on
+two cores, one of them always starved.
+
+So before planning, jobs whose worth per core lies within ``WORTH_TOLERANCE`` of each
+other are grouped and each is planned with the group's worth (its curve scaled, its M
+and GPUs untouched). The program is then indifferent between them and its max-min
+tie-break shares the cores so they are equally busy; jobs clearly worth more per core
+(more GPUs, cheaper samples) are still served first.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping
+
+from controller.policies.shares import JobModel
+
+WORTH_TOLERANCE = 0.25
+"""Worths within this factor of a group's lowest count as equal (the spread of two identical
+jobs' models measured on a busy two-core node was up to ±20%)."""
+
+
+def worth_per_core(model: JobModel, weight: float) -> float:
+    """Objective gained per core at low cores: weight × (samples per core-second) / M.
+    Infinite when the curve says cores never bind."""
+    slopes = [slope for _, slope in model.lines if slope > 0]
+    if not slopes:
+        return math.inf
+    return weight * max(slopes) / model.max_throughput
+
+
+def pool_equal_worth(
+    models: Mapping[str, JobModel], weights: Mapping[str, float], tolerance: float = WORTH_TOLERANCE
+) -> dict[str, JobModel]:
+    """``models`` with the curves of jobs of about equal worth per core scaled to their group's
+    geometric-mean worth (groups: sorted by worth, each starting at its lowest member and
+    holding every job within ``1 + tolerance`` of it)."""
+    worth = {job_id: worth_per_core(model, weights[job_id]) for job_id, model in models.items()}
+    ordered = sorted((w, job_id) for job_id, w in worth.items() if math.isfinite(w) and w > 0)
+    pooled = dict(models)
+    start = 0
+    while start < len(ordered):
+        end = start + 1
+        while end < len(ordered) and ordered[end][0] <= ordered[start][0] * (1.0 + tolerance):
+            end += 1
+        group = ordered[start:end]
+        if len(group) > 1:
+            mean = math.exp(sum(math.log(w) for w, _ in group) / len(group))
+            for w, job_id in group:
+                pooled[job_id] = scaled(models[job_id], mean / w)
+        start = end
+    return pooled
+
+
+def scaled(model: JobModel, factor: float) -> JobModel:
+    """The model with its loading curve multiplied by ``factor``."""
+    lines = tuple((intercept * factor, slope * factor) for intercept, slope in model.lines)
+    return JobModel(max_throughput=model.max_throughput, lines=lines, bytes_per_sample=model.bytes_per_sample)
