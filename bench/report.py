@@ -11,7 +11,9 @@ Per run (all numbers GPU-emulated: a job's GPU step is a sleep):
 - ``settle_s``: after each arrival (a job's first report: before it, nothing about it
   is known) or departure, how long until no job's allocation moved any more before
   the next event: its workers, its quota or its CPU weight (by more than 0.05 cores,
-  a weight of 100 being one core; "none" counts as a value); the largest is reported.
+  a weight of 100 being one core; "none" counts as a value); the largest is reported;
+- ``changes_per_job_minute``: how often a job's quota, CPU weight or workers changed
+  (after its first allocation), per minute of job lifetime, summed over jobs.
 
 A policy's figure is the median over its repeats.
 """
@@ -29,7 +31,8 @@ from bench.runner import RunOutcome
 class PlotUnavailable(AdloaderError):
     """matplotlib (the ``plot`` extra) is not installed."""
 
-METRICS = ("gpu_busy", "samples_per_s", "makespan_s", "mean_jct_s", "controller_cpu_pct", "settle_s")
+METRICS = ("gpu_busy", "samples_per_s", "makespan_s", "mean_jct_s", "controller_cpu_pct", "settle_s",
+           "changes_per_job_minute")
 HIGHER_IS_BETTER = {"gpu_busy": True, "samples_per_s": True, "makespan_s": False, "mean_jct_s": False}
 BASELINES = ("even", "static", "oracle")
 SETTLE_CORES = 0.05
@@ -64,6 +67,9 @@ def score_run(run: RunOutcome) -> dict[str, Any]:
         "controller_cpu_pct": 100.0 * run.controller_cpu_s / run.wall_s if run.wall_s > 0 else 0.0,
         "settle_s": max(settle) if settle else 0.0,
         "settle_events_s": settle,
+        "changes_per_job_minute": changes_per_job_minute(
+            [(t, {name: (f.get("cores"), f.get("cpu_weight"), f.get("workers")) for name, f in js.items()})
+             for t, js in run.samples]),
         "jobs": jobs,
         "allocations": [[t, {name: [f.get("cores"), f.get("cpu_weight"), f.get("workers"), f.get("read_bps")]
                              for name, f in js.items()}] for t, js in run.samples],
@@ -94,6 +100,19 @@ def settle_times(run: RunOutcome) -> list[float]:
         later = [t for t, _, _ in window if t > settled_at]
         result.append(round((later[0] if later else settled_at) - window[0][0], 3))
     return result
+
+
+def changes_per_job_minute(samples: Sequence[tuple[float, dict[str, tuple]]]) -> float:
+    """Allocation changes per job-minute from (time, {job: limits}) samples: a job counts a
+    change each time its limits differ from its previous sample's (its first allocation,
+    from nothing, is not a change); its minutes are the sampled time it was present."""
+    changes = 0
+    job_seconds = 0.0
+    for (t0, before), (t1, after) in zip(samples, samples[1:]):
+        present = set(before) & set(after)
+        job_seconds += (t1 - t0) * len(present)
+        changes += sum(1 for name in present if before[name] != after[name] and any(v is not None for v in before[name]))
+    return 60.0 * changes / job_seconds if job_seconds > 0 else 0.0
 
 
 Given = tuple[float | None, int | None, int | None]
@@ -146,13 +165,14 @@ def table(summary: dict[str, dict[str, Any]], order: Sequence[str]) -> str:
     rel = ratios(summary)
     baselines = [b for b in BASELINES if b in summary]
     header = (f"{'policy':<9} {'GPU busy':>8} {'samples/s':>9} {'makespan':>8} {'mean JCT':>8} "
-              f"{'ctl CPU':>7} {'settle':>6}" + "".join(f" {'busy/' + b:>12}" for b in baselines)
+              f"{'ctl CPU':>7} {'settle':>6} {'chg/job-min':>11}" + "".join(f" {'busy/' + b:>12}" for b in baselines)
               + "".join(f" {'mkspan/' + b:>13}" for b in baselines))
     lines = [f"{LABEL} node benchmark (medians over repeats)", header, "-" * len(header)]
     for policy in present:
         e = summary[policy]
         row = (f"{policy:<9} {e['gpu_busy']:>8.3f} {e['samples_per_s']:>9.1f} {e['makespan_s']:>7.1f}s "
-               f"{e['mean_jct_s']:>7.1f}s {e['controller_cpu_pct']:>6.2f}% {e['settle_s']:>5.1f}s")
+               f"{e['mean_jct_s']:>7.1f}s {e['controller_cpu_pct']:>6.2f}% {e['settle_s']:>5.1f}s "
+               f"{e.get('changes_per_job_minute', 0.0):>11.2f}")
         for b in baselines:
             value = rel.get(policy, {}).get(f"vs_{b}", {}).get("gpu_busy")
             row += f" {value:>11.3f}x" if value is not None else f" {'-':>12}"

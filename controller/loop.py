@@ -15,10 +15,12 @@ from typing import Callable, Iterable
 
 from controller import faults
 from controller.backends.base import BackendError, ResourceBackend
+from controller.change_clock import ChangeClock
 from controller.cpuspec import format_cpus
 from controller.policies.base import JobAllocation, NodeResources, Policy
 from controller.reconciler import Change, Failure, reconcile
 from controller.registry import Registry
+from controller.safety_net import SafetyNet
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,8 @@ class ControlLoop:
     def __init__(
         self, backend: ResourceBackend, node: NodeResources, policy: Policy,
         clock: Callable[[], float] = time.perf_counter,
+        change_clock: ChangeClock | None = None,
+        safety_net: SafetyNet | None = None,
     ) -> None:
         self.backend = backend
         self.node = node
@@ -52,6 +56,8 @@ class ControlLoop:
         self.backend_failures = 0
         self.last_step_seconds = 0.0
         self._clock = clock
+        self.change_clock = change_clock or ChangeClock()
+        self.safety_net = safety_net or SafetyNet()
 
     def forget(self, job_id: str) -> None:
         """The job is gone: nothing of it is applied any more."""
@@ -63,10 +69,14 @@ class ControlLoop:
         start = self._clock()
         registry.predict_pending()
         registry.observe_loading(self._cpu_seconds(registry))
-        views = registry.views(self.applied)
+        events = set(events)
+        views = self.change_clock.annotate(registry.views(self.applied), events)
         wanted = {view.job_id: JobAllocation() for view in views}
         wanted.update({k: v for k, v in self.policy.allocate(self.node, views).items() if k in wanted})
-        reason = _reason(set(events))
+        reason = _reason(events)
+        wanted, reverts = self.safety_net.review(views, wanted, gain_driven=reason == "gain")
+        if reverts:
+            reason = "safety_net"
         changed = False
         for view in views:
             new = wanted[view.job_id]
@@ -82,6 +92,7 @@ class ControlLoop:
             self.reallocations[reason] += 1
         result = reconcile(self.backend, self.node, wanted, {k: v for k, v in self.applied.items() if k in wanted})
         self.applied = {**{k: v for k, v in self.applied.items() if k not in wanted}, **result.applied}
+        self.change_clock.applied(wanted)
         self.backend_failures += len(result.failures)
         faults.hit("loop.after_reconcile")
         self.last_step_seconds = self._clock() - start

@@ -13,7 +13,7 @@ from typing import Any
 from adloader.protocol import plain
 
 JOB_STATES: tuple[str, ...] = ("starting", "running", "gone")
-REALLOCATION_REASONS: tuple[str, ...] = ("arrival", "departure", "gain", "policy_change", "adoption")
+REALLOCATION_REASONS: tuple[str, ...] = ("arrival", "departure", "gain", "policy_change", "adoption", "safety_net")
 ERROR_KINDS: tuple[str, ...] = (
     "too_long", "bad_encoding", "bad_json", "not_object", "bad_version", "unsupported_version",
     "unknown_type", "unknown_field", "missing_field", "bad_number", "bad_field", "internal",

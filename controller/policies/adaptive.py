@@ -69,7 +69,7 @@ class AdaptivePolicy:
         if not jobs:
             return {}
         jobs = sorted(jobs, key=lambda j: j.job_id)
-        measured = {job.job_id: model for job in jobs if (model := model_of(job)) is not None}
+        measured = {job.job_id: model for job in jobs if (model := _measured_model(job)) is not None}
         weights = self.weights(jobs, measured)
         models = pool_equal_worth(measured, weights)
         target = self._target(node, jobs, models, weights)
@@ -161,6 +161,14 @@ class AdaptivePolicy:
             for job in jobs
             if _limits(job.current) != _limits(target[job.job_id])
         )
+
+
+def _measured_model(job: JobView) -> JobModel | None:
+    """The job's model once its loading curve is known (its first windows, or its history's
+    prior); None before. The loading cost of one early window alone is no basis for a plan:
+    counted in whole batches over a second or two it swung 3x between two identical jobs in
+    the simulator (bench/sim_node.py), enough to give one of them every contended core."""
+    return model_of(job) if job.loading_curve else None
 
 
 def _bandwidth_bound(model: JobModel, busy: float, read_bps: float) -> bool:

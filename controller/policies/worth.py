@@ -22,9 +22,12 @@ from typing import Mapping
 
 from controller.policies.shares import JobModel
 
-WORTH_TOLERANCE = 0.25
-"""Worths within this factor of a group's lowest count as equal (the spread of two identical
-jobs' models measured on a busy two-core node was up to ±20%)."""
+WORTH_TOLERANCE = 0.5
+"""Worths within this factor of a group's lowest count as equal. The models of two identical
+jobs measured on a busy two-core node differed by up to ±20%, and a starved job's more (few
+whole batches per window): in the simulator two identical jobs still traded the node at
+0.25 and stayed put at 0.5. Jobs that differ for real differ more: GPUs 2x or 4x, loading
+cost 2x to 5x between image sizes."""
 
 
 def worth_per_core(model: JobModel, weight: float) -> float:

@@ -1,0 +1,270 @@
+"""A node model that drives the real, pure policies without sleeping (simulated numbers).
+
+Each simulated job has a true loading curve (concave: T_load(c) = c / (p·(1 + κ·c)),
+capped where its loader is bound by Python rather than by cores), a max throughput M,
+optional reads from a shared disk, and phases (its loading cost multiplied from some
+point of its run). The kernel is modelled as weighted max-min fair shares of the cores
+(CFS between cgroups with cpu.shares/cpu.weight), each job using at most a core per
+worker plus its main process, and a quota delivering ``QUOTA_EFFICIENCY`` of its cores to
+a bursty loader. Every step the model measures each job as the registry would (over a
+sliding window, batches counted whole, CPU accounting with noise), feeds the real
+``LoadingCurveEstimator``, builds ``JobView``s and asks the real policy, through the real
+loop hooks (``ChangeClock``, ``SafetyNet``) on the simulated clock.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from controller.change_clock import ChangeClock
+from controller.policies.base import JobAllocation, JobView, NodeResources, Policy
+from controller.policies.shares import contended_cores
+from controller.safety_net import SafetyNet
+from throughput_model.curves import LoadingCurveEstimator
+
+QUOTA_EFFICIENCY = 0.85
+"""Share of a CPU quota a bursty loader can use (measured here: a job using 0.69 cores on
+average ran at 377/444 samples/s under a 0.8-core quota, docs/policies.md)."""
+MAIN_PROCESS_CORES = 0.2
+"""Cores a rank's main process can use beyond its workers (collate, the training loop)."""
+WINDOW_S = 5.0
+"""The registry's measurement window."""
+DEFAULT_WEIGHT = 100
+
+
+@dataclass(frozen=True)
+class SimJob:
+    """One job's truth."""
+
+    name: str
+    gpus: int
+    max_throughput: float
+    """M, samples/s when data never stalls."""
+    cpu_s_per_sample: float
+    """p: CPU seconds per sample at low core counts."""
+    samples: float
+    arrival_s: float = 0.0
+    requested_workers: int = 4
+    batch_size: int = 32
+    concavity: float = 0.005
+    """κ: parallel-efficiency loss per core (T_load = c/(p(1+κc)))."""
+    python_cap: float = math.inf
+    """Samples/s the loader cannot exceed whatever its cores (a Python-bound loader)."""
+    bytes_per_sample: float = 0.0
+    """Bytes read from the shared disk per sample (0: page cache)."""
+    phases: tuple[tuple[float, float], ...] = ()
+    """(seconds after arrival, loading-cost multiplier from then on)."""
+
+    def cost(self, age_s: float) -> float:
+        factor = 1.0
+        for start, multiplier in self.phases:
+            if age_s >= start:
+                factor = multiplier
+        return self.cpu_s_per_sample * factor
+
+    def loading_rate(self, cores: float, age_s: float) -> float:
+        if cores <= 0:
+            return 0.0
+        p = self.cost(age_s)
+        return min(self.python_cap, cores / (p * (1.0 + self.concavity * cores)))
+
+    def cores_for(self, rate: float, age_s: float) -> float:
+        """Cores that deliver ``rate`` (inf when the loader can never reach it)."""
+        if rate >= self.python_cap:
+            return math.inf if rate > self.python_cap else self._inverse(rate, age_s)
+        return self._inverse(rate, age_s)
+
+    def _inverse(self, rate: float, age_s: float) -> float:
+        p = self.cost(age_s)
+        denominator = 1.0 - p * rate * self.concavity
+        return math.inf if denominator <= 0 else p * rate / denominator
+
+
+@dataclass
+class _Live:
+    spec: SimJob
+    job_id: str
+    done: float = 0.0
+    busy_s: float = 0.0
+    wall_s: float = 0.0
+    ended_at: float | None = None
+    estimator: LoadingCurveEstimator = field(default_factory=LoadingCurveEstimator)
+    window: deque = field(default_factory=deque)
+    """(samples, cpu seconds) per step over the registry's window."""
+    m_bias: float = 1.0
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    t: float
+    allocations: dict[str, tuple[float | None, int | None, int | None]]
+    """Job name -> (quota cores, CPU weight, workers) in force during the step."""
+
+
+@dataclass
+class SimResult:
+    jobs: dict[str, dict[str, float]]
+    steps: list[StepRecord]
+    events: list[float]
+    decision_s: list[float]
+    reverts: int
+
+    @property
+    def gpu_busy(self) -> float:
+        weighted = sum(j["gpus"] * j["busy_s"] for j in self.jobs.values())
+        wall = sum(j["gpus"] * j["wall_s"] for j in self.jobs.values())
+        return weighted / wall if wall > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class SimNode:
+    cores: int
+    disk_bps: float = math.inf
+    read_bps: float | None = None
+    """Read bandwidth the controller manages (--read-bps); None: not managed."""
+    period_s: float = 1.0
+    cpu_noise: float = 0.03
+    rate_noise: float = 0.05
+    """Relative noise of a window's CPU accounting and of its samples/s beyond counting whole
+    batches (see bench/simulate.py for where these come from)."""
+
+    def resources(self) -> NodeResources:
+        return NodeResources(cpus=tuple(range(self.cores)), read_bps=self.read_bps,
+                             read_device="8:0" if self.read_bps else None)
+
+
+def simulate(node: SimNode, jobs: Sequence[SimJob], policy: Policy, seed: int = 0,
+             horizon_s: float = 3600.0, safety_net: bool = True) -> SimResult:
+    """Run ``jobs`` on ``node`` under ``policy`` until every job is done (or ``horizon_s``)."""
+    rng = random.Random(seed)
+    now = 0.0
+    clock = lambda: now  # noqa: E731 - the simulated clock the loop hooks read
+    change_clock = ChangeClock(clock=clock)
+    net = SafetyNet(clock=clock) if safety_net else None
+    resources = node.resources()
+    pending = sorted(jobs, key=lambda j: j.arrival_s)
+    live: dict[str, _Live] = {}
+    finished: list[_Live] = []
+    applied: dict[str, JobAllocation] = {}
+    steps: list[StepRecord] = []
+    events: list[float] = []
+    decision_s: list[float] = []
+    counter = 0
+    while (pending or live) and now < horizon_s:
+        step_events: set[str] = set()
+        while pending and pending[0].arrival_s <= now + 1e-9:
+            spec = pending.pop(0)
+            counter += 1
+            job = _Live(spec=spec, job_id=f"j{counter:04d}", m_bias=math.exp(rng.gauss(0.0, 0.02)))
+            live[job.job_id] = job
+            step_events.add("arrival")
+        for job in [j for j in live.values() if j.done >= j.spec.samples]:
+            job.ended_at = now
+            finished.append(live.pop(job.job_id))
+            applied.pop(job.job_id, None)
+            step_events.add("departure")
+        if step_events:
+            events.append(now)
+        if not live:
+            now = pending[0].arrival_s if pending else now
+            continue
+        views = change_clock.annotate([_view(job, applied, now, node) for job in live.values()], step_events)
+        start = time.perf_counter()
+        wanted = {v.job_id: JobAllocation() for v in views}
+        wanted.update({k: v for k, v in policy.allocate(resources, views).items() if k in wanted})
+        decision_s.append(time.perf_counter() - start)
+        if net is not None:
+            wanted, _ = net.review(views, wanted, gain_driven=not step_events)
+        applied = dict(wanted)
+        change_clock.applied(applied)
+        steps.append(StepRecord(t=now, allocations={
+            live[j].spec.name: (a.cores, a.cpu_weight, a.workers) for j, a in applied.items()}))
+        _advance(node, live, applied, now, rng)
+        now += node.period_s
+    for job in list(live.values()):
+        job.ended_at = now
+        finished.append(job)
+    return SimResult(
+        jobs={j.spec.name: {"gpus": float(j.spec.gpus), "busy_s": j.busy_s, "wall_s": j.wall_s,
+                            "jct_s": (j.ended_at or now) - j.spec.arrival_s} for j in finished},
+        steps=steps, events=events, decision_s=decision_s, reverts=net.reverts if net else 0,
+    )
+
+
+def _view(job: _Live, applied: dict[str, JobAllocation], now: float, node: SimNode) -> JobView:
+    spec = job.spec
+    samples = sum(s for s, _ in job.window)
+    cpu = sum(c for _, c in job.window)
+    span = len(job.window) * node.period_s
+    measured_m = spec.max_throughput * job.m_bias if job.done >= 8 * spec.batch_size else None
+    return JobView(
+        job_id=job.job_id, name=spec.name, gpus=spec.gpus, requested_workers=spec.requested_workers,
+        arrival_s=spec.arrival_s, max_throughput=measured_m,
+        cpu_s_per_sample=cpu / samples if samples > 0 else None,
+        bytes_per_sample=spec.bytes_per_sample if samples > 0 else None,
+        loading_curve=job.estimator.points(), achieved=samples / span if span >= 2 * node.period_s else None,
+        current=applied.get(job.job_id, JobAllocation()),
+    )
+
+
+def _advance(node: SimNode, live: dict[str, _Live], applied: dict[str, JobAllocation], now: float,
+             rng: random.Random) -> None:
+    """One period of the node: the kernel shares the cores, the disk is shared, jobs progress,
+    and each job's window is measured."""
+    demands: dict[str, float] = {}
+    weights: dict[str, float] = {}
+    for job_id, job in live.items():
+        a = applied.get(job_id, JobAllocation())
+        age = now - job.spec.arrival_s
+        workers = a.workers if a.workers is not None else job.spec.requested_workers
+        cap = workers + MAIN_PROCESS_CORES
+        if a.cores is not None:
+            cap = min(cap, a.cores * QUOTA_EFFICIENCY)
+        demands[job_id] = min(cap, job.spec.cores_for(job.spec.max_throughput, age))
+        weights[job_id] = float(a.cpu_weight or DEFAULT_WEIGHT)
+    cores = contended_cores(float(node.cores), weights, demands)
+    rates = {job_id: min(job.spec.max_throughput, job.spec.loading_rate(cores[job_id], now - job.spec.arrival_s))
+             for job_id, job in live.items()}
+    readers = {j: rates[j] * live[j].spec.bytes_per_sample for j in live if live[j].spec.bytes_per_sample > 0}
+    if readers:
+        caps = {j: float(applied.get(j, JobAllocation()).read_bps or math.inf) for j in readers}
+        wants = {j: min(readers[j], caps[j]) for j in readers}
+        given = contended_cores(node.disk_bps, {j: 1.0 for j in readers}, wants) if math.isfinite(node.disk_bps) \
+            else wants
+        for j in readers:
+            rates[j] = min(rates[j], given[j] / live[j].spec.bytes_per_sample)
+    for job_id, job in live.items():
+        spec = job.spec
+        rate = rates[job_id]
+        used = min(cores[job_id], spec.cores_for(rate, now - spec.arrival_s)) if rate > 0 else 0.0
+        job.done += rate * node.period_s
+        job.busy_s += node.period_s * rate / spec.max_throughput
+        job.wall_s += node.period_s
+        batches = _poisson(rng, rate * node.period_s / spec.batch_size)
+        seen = batches * spec.batch_size * math.exp(rng.gauss(0.0, node.rate_noise))
+        cpu = used * node.period_s * math.exp(rng.gauss(0.0, node.cpu_noise))
+        job.window.append((seen, cpu))
+        while len(job.window) * node.period_s > WINDOW_S:
+            job.window.popleft()
+        span = len(job.window) * node.period_s
+        window_samples = sum(s for s, _ in job.window)
+        window_cpu = sum(c for _, c in job.window)
+        if window_cpu > 0:
+            job.estimator.observe(window_cpu / span, window_samples / span)
+
+
+def _poisson(rng: random.Random, mean: float) -> int:
+    """Batches finished in a step: Poisson counts (normal approximation for large means)."""
+    if mean <= 0:
+        return 0
+    if mean > 50:
+        return max(0, round(rng.gauss(mean, math.sqrt(mean))))
+    limit, k, product = math.exp(-mean), 0, rng.random()
+    while product > limit:
+        k += 1
+        product *= rng.random()
+    return k

@@ -1,0 +1,143 @@
+"""The safety net: a plan that made a job clearly slower is taken back.
+
+A policy plans from models, and a model can be wrong (a curve learnt at other loads,
+a job whose loading the plan misjudged). An operator leaves adloader on only if it is
+never worse than leaving the node alone, so the loop checks every plan change that
+cut a job's limits against what the job then measured: when the job's throughput under
+the new allocation stays clearly below what it had just before (``drop``, on
+``confirm_steps`` consecutive steps once its measurement window covers only the new
+allocation), the job gets its previous allocation back, the reason is logged, and the
+policy is not allowed to cut it again for ``hold_s``.
+
+Only changes the policy made on its own (gain-driven) are judged: after an arrival a job
+is meant to give up cores to the newcomer, and after a departure nothing was cut.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+from controller.policies.base import JobAllocation, JobView
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Watch:
+    before: JobAllocation
+    after: JobAllocation
+    rate_before: float
+    changed_at: float
+    low_steps: int = 0
+
+
+@dataclass(frozen=True)
+class Revert:
+    """One allocation taken back: the job, its throughput before and after, samples/s."""
+
+    job_id: str
+    rate_before: float
+    rate_after: float
+    allocation: JobAllocation
+
+
+class SafetyNet:
+    """Watches plan changes that cut a job's limits, and undoes those that made it slower."""
+
+    def __init__(
+        self,
+        *,
+        drop: float = 0.15,
+        settle_s: float = 6.0,
+        judge_s: float = 30.0,
+        confirm_steps: int = 3,
+        hold_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``settle_s``: wait this long after a change (the registry's measurement window and
+        a step) before judging; ``judge_s``: stop watching this long after it."""
+        self.drop = drop
+        self.settle_s = settle_s
+        self.judge_s = judge_s
+        self.confirm_steps = confirm_steps
+        self.hold_s = hold_s
+        self._clock = clock
+        self._watches: dict[str, _Watch] = {}
+        self._held: dict[str, tuple[JobAllocation, float]] = {}
+        self.reverts = 0
+
+    def review(
+        self, views: Sequence[JobView], wanted: Mapping[str, JobAllocation], gain_driven: bool
+    ) -> tuple[dict[str, JobAllocation], list[Revert]]:
+        """The allocation to apply: ``wanted`` with held jobs kept at what they were given back,
+        and jobs the last cut made clearly slower given back their previous allocation.
+        ``gain_driven``: the policy acted on new measurements alone (no arrival, departure,
+        adoption or policy change since the last step)."""
+        now = self._clock()
+        live = {view.job_id for view in views}
+        self._forget(live, now)
+        result = dict(wanted)
+        reverts: list[Revert] = []
+        for view in views:
+            job_id = view.job_id
+            held = self._held.get(job_id)
+            if held is not None:
+                result[job_id] = held[0]
+                continue
+            watch = self._watches.get(job_id)
+            if watch is not None and view.current == watch.after:
+                revert = self._judge(view, watch, now)
+                if revert is not None:
+                    reverts.append(revert)
+                    result[job_id] = revert.allocation
+                    self._held[job_id] = (revert.allocation, now + self.hold_s)
+                    del self._watches[job_id]
+                    continue
+            new = result.get(job_id)
+            if (gain_driven and new is not None and new != view.current and _cuts(view.current, new)
+                    and view.achieved is not None and view.achieved > 0):
+                self._watches[job_id] = _Watch(before=view.current, after=new, rate_before=view.achieved,
+                                               changed_at=now)
+            elif new is not None and new != view.current:
+                self._watches.pop(job_id, None)  # a new allocation for another reason: nothing to judge
+        self.reverts += len(reverts)
+        return result, reverts
+
+    def _judge(self, view: JobView, watch: _Watch, now: float) -> Revert | None:
+        age = now - watch.changed_at
+        if age < self.settle_s or view.achieved is None:
+            return None
+        if age > self.judge_s:
+            del self._watches[view.job_id]
+            return None
+        if view.achieved >= (1.0 - self.drop) * watch.rate_before:
+            watch.low_steps = 0
+            return None
+        watch.low_steps += 1
+        if watch.low_steps < self.confirm_steps:
+            return None
+        log.warning(
+            "job %s (%s): %.0f samples/s under its new allocation against %.0f before the plan cut it "
+            "(%.0f%% less, more than %.0f%%): giving back its previous allocation and holding it for %.0f s",
+            view.job_id, view.name, view.achieved, watch.rate_before,
+            100 * (1 - view.achieved / watch.rate_before), 100 * self.drop, self.hold_s,
+        )
+        return Revert(job_id=view.job_id, rate_before=watch.rate_before, rate_after=view.achieved,
+                      allocation=watch.before)
+
+    def _forget(self, live: set[str], now: float) -> None:
+        for job_id in [j for j in self._watches if j not in live]:
+            del self._watches[job_id]
+        for job_id in [j for j, (_, until) in self._held.items() if j not in live or until <= now]:
+            del self._held[job_id]
+
+
+def _cuts(before: JobAllocation, after: JobAllocation) -> bool:
+    """True when ``after`` gives less of something than ``before``: cores, weight, workers, reads."""
+    for field_ in ("cores", "cpu_weight", "workers", "read_bps"):
+        old, new = getattr(before, field_), getattr(after, field_)
+        if new is not None and (old is None or new < old):
+            return True
+    return False

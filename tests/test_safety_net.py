@@ -1,0 +1,92 @@
+"""The safety net gives a job back its previous allocation when a plan that cut it made it
+clearly slower, logs why, holds it, and judges nothing else (arrivals, raises, noise)."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from controller.policies import JobAllocation, JobView
+from controller.safety_net import SafetyNet
+
+BEFORE = JobAllocation(cpu_weight=1100, workers=4)
+CUT = JobAllocation(cpu_weight=200, workers=2)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def view(achieved: float, current: JobAllocation) -> JobView:
+    return JobView(job_id="j", name="resnet", achieved=achieved, current=current)
+
+
+def run(net: SafetyNet, clock: Clock, rates: list[float], wanted: JobAllocation = CUT,
+        gain_driven: bool = True) -> list[JobAllocation]:
+    """The policy cuts the job at the first step; then the job measures ``rates``, one per
+    second, while the policy keeps wanting the cut. Returns what was applied each step."""
+    applied = [BEFORE]
+    result, _ = net.review([view(100.0, BEFORE)], {"j": wanted}, gain_driven=gain_driven)
+    applied.append(result["j"])
+    for rate in rates:
+        clock.now += 1.0
+        result, _ = net.review([view(rate, applied[-1])], {"j": wanted}, gain_driven=True)
+        applied.append(result["j"])
+    return applied
+
+
+def test_a_cut_that_makes_the_job_clearly_slower_is_taken_back_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    net = SafetyNet(clock=clock, settle_s=5.0, confirm_steps=3, hold_s=60.0)
+    with caplog.at_level(logging.WARNING, logger="controller.safety_net"):
+        applied = run(net, clock, [100.0] * 5 + [60.0] * 3 + [60.0] * 10)
+    assert applied[1] == CUT
+    assert applied[9] == BEFORE  # 5 s to settle, then three low steps
+    assert all(a == BEFORE for a in applied[9:])  # held although the policy still wants the cut
+    assert net.reverts == 1
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert "60 samples/s" in message and "100 before" in message and "previous allocation" in message
+
+
+def test_the_hold_ends_and_the_policy_may_try_again() -> None:
+    clock = Clock()
+    net = SafetyNet(clock=clock, settle_s=5.0, confirm_steps=3, hold_s=10.0)
+    applied = run(net, clock, [100.0] * 5 + [60.0] * 3 + [100.0] * 12)
+    assert applied[9] == BEFORE
+    assert applied[-1] == CUT
+
+
+@pytest.mark.parametrize("rates", [
+    [100.0] * 30,                       # as fast as before
+    [90.0] * 30,                        # within the margin
+    [100.0] * 5 + [60.0, 60.0, 100.0] * 8,  # low now and then, never three steps running
+])
+def test_noise_and_small_drops_are_left_alone(rates: list[float]) -> None:
+    clock = Clock()
+    net = SafetyNet(clock=clock, settle_s=5.0, confirm_steps=3)
+    assert set(run(net, clock, rates)[1:]) == {CUT}
+    assert net.reverts == 0
+
+
+def test_only_cuts_the_policy_made_on_its_own_are_judged() -> None:
+    clock = Clock()
+    net = SafetyNet(clock=clock, settle_s=5.0, confirm_steps=3)
+    # an arrival: the job is meant to give up cores to the newcomer
+    assert set(run(net, clock, [100.0] * 5 + [50.0] * 10, gain_driven=False)[1:]) == {CUT}
+    # a raise is never taken back
+    more = JobAllocation(cpu_weight=2000, workers=6)
+    assert set(run(SafetyNet(clock=clock, settle_s=5.0), clock, [100.0] * 5 + [50.0] * 10, wanted=more)[1:]) == {more}
+
+
+def test_a_job_that_leaves_is_forgotten() -> None:
+    clock = Clock()
+    net = SafetyNet(clock=clock, settle_s=5.0, confirm_steps=1)
+    net.review([view(100.0, BEFORE)], {"j": CUT}, gain_driven=True)
+    clock.now += 10.0
+    assert net.review([], {}, gain_driven=True) == ({}, [])
+    result, reverts = net.review([view(10.0, CUT)], {"j": CUT}, gain_driven=True)
+    assert result["j"] == CUT and reverts == []
