@@ -23,9 +23,11 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import pickle
 import signal
 import threading
 import time
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -36,6 +38,7 @@ from typing import Any, Callable
 
 from torch._utils import ExceptionWrapper
 
+from adloader.dataloader import handoff
 from adloader.dataloader.errors import IterableWorkerDied, LoaderError, PoisonBatchError, WorkersCannotStart
 from adloader.dataloader.fetch import FetchSpec
 from adloader.dataloader.spawner import EXITED, SPAWNED, WorkerSpawner
@@ -52,6 +55,15 @@ POISON_DEATHS = 3  # a batch that killed this many workers is given up
 START_FAILURES = 3  # this many workers in a row dying before READY: stop trying
 SPAWNER_RESTARTS = 3  # helper process deaths tolerated per pool
 _TICK_S = 0.5  # the thread re-checks its state at least this often
+
+_PICKLE_ERRORS = (TypeError, AttributeError, pickle.PicklingError)
+_PICKLE_WARNING = (  # torch's words, so that users searching for them find the cause
+    "Got pickle error when attempting to start a worker Process. "
+    "This might be because the worker Process arguments are not picklable. "
+    "Python 3.14+ changed the multiprocessing start method in non-Mac POSIX platforms "
+    "to 'forkserver', which requires the worker Process arguments to be picklable. "
+    "You can also try multiprocessing.set_start_method('fork')."
+)
 
 _live_pools: "weakref.WeakSet[Pool]" = weakref.WeakSet()
 
@@ -139,13 +151,21 @@ class Pool:
         self._asked_at: float | None = None
         self._latencies = latencies
         self._warnings: list[str] = []
+        self._handoff = context.get_start_method() != "fork"  # each worker gets its own pickle (handoff.py)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         # Started here, in the thread that calls iter() (the moment torch forks its workers), not later
-        # from the dispatcher thread: see spawner.py.
-        with self._cond:
-            self._start_spawner()
+        # from the dispatcher thread: see spawner.py. The first workers are asked for here too, so a
+        # dataset that cannot be pickled for spawn/forkserver fails at iter(), as with torch.
+        try:
+            with self._cond:
+                if self._start_spawner():
+                    self._reconcile()
+        except _PICKLE_ERRORS:
+            warnings.warn(_PICKLE_WARNING, stacklevel=4)
+            self._release()
+            raise
         self._thread = threading.Thread(target=self._run, name="adloader-dispatcher", daemon=True)
         self._thread.start()
         _live_pools.add(self)
@@ -243,6 +263,10 @@ class Pool:
         self._wake()
         if self._thread is not threading.current_thread():
             self._thread.join(timeout=5.0)
+        self._release()
+
+    def _release(self) -> None:
+        """Stop the workers and the helper and close every descriptor (the thread is not running)."""
         for slot in list(self._slots.values()):
             self._send(slot, (STOP,))
         if self._spawner is not None:
@@ -265,7 +289,7 @@ class Pool:
                 with self._cond:
                     if self._closing:
                         return
-                    self._reconcile()
+                    self._reconcile_or_fail()
                     self._dispatch()
                     waitables = self._waitables()
                 for ready in wait_for_any(waitables, timeout=_TICK_S):
@@ -453,7 +477,7 @@ class Pool:
             self._cond.notify_all()
             return
         for position, (_, batch) in enumerate(lost):
-            if position == 0:  # workers load in order: the oldest batch is the one it was on
+            if position == 0 and slot.state == WORKING:  # workers load in order: the oldest is the one it was on
                 self._requeue_or_give_up(batch, how)
             else:
                 epoch.requeue(batch)
@@ -499,6 +523,15 @@ class Pool:
             self._epoch.fatal = error
         self._cond.notify_all()
 
+    def _reconcile_or_fail(self) -> None:
+        try:
+            self._reconcile()
+        except _PICKLE_ERRORS as exc:
+            self._set_fatal(LoaderError(
+                f"could not pickle the dataset, collate_fn or worker_init_fn for a new loader worker: {exc!r}. "
+                f"{_PICKLE_WARNING}"
+            ))
+
     def _reconcile(self) -> None:
         """Start or retire workers until the live count equals the target."""
         if self._fatal is not None:
@@ -542,12 +575,18 @@ class Pool:
             taken = {s.identity.id for s in self._slots.values() if s.state != STOPPING}
             worker_id = next(i for i in range(len(taken) + 1) if i not in taken)
         identity = WorkerIdentity(worker_id, num_workers, self._base_seed + worker_id)
+        pickled = handoff.pickle_for_one_worker(self._spec) if self._handoff else None
         try:
             token, conn = self._spawner.spawn(identity)
         except OSError:
             return None  # the helper just died; its sentinel tells the thread
         slot = Slot(token, identity, conn, asked_at=self._asked_at)
         self._slots[token] = slot
+        if pickled is not None:
+            try:
+                handoff.send(conn, *pickled)
+            except OSError:
+                self._close_conn(slot)  # it died at once; the helper will report how
         return slot
 
     def _start_spawner(self) -> bool:
@@ -578,10 +617,11 @@ class Pool:
 
     def _dispatch_indices(self, epoch: Epoch) -> None:
         limit = epoch.next_to_yield + self._prefetch * self._target
-        ready = [s for s in self._slots.values() if s.state == WORKING and s.conn is not None]
+        cycle = self._steady_workers()
+        ready = cycle or [s for s in self._slots.values() if s.state == WORKING and s.conn is not None]
         while ready:
-            slot = min(ready, key=lambda s: (len(s.outstanding), s.identity.id))
-            if len(slot.outstanding) >= self._prefetch:
+            least_loaded = min(ready, key=lambda s: (len(s.outstanding), s.identity.id))
+            if len(least_loaded.outstanding) >= self._prefetch:
                 return
             batch = epoch.take(limit)
             if batch is None:
@@ -589,9 +629,25 @@ class Pool:
                     self._cond.notify_all()  # the training loop may be waiting to learn the epoch's end
                 self._window_blocked = not epoch.finished
                 return
+            slot = least_loaded
+            if cycle and len(cycle[batch.number % len(cycle)].outstanding) < self._prefetch:
+                slot = cycle[batch.number % len(cycle)]
             if not self._send_task(slot, epoch, batch):
                 epoch.requeue(batch)
                 ready.remove(slot)
+                cycle = []
+
+    def _steady_workers(self) -> list[Slot]:
+        """The workers by id when no resize is under way (exactly ``target`` of them, ids 0..n-1, none
+        retiring), else []. Then batch k goes to worker k mod n, as torch's round-robin sends it, also
+        while a worker is still starting (its tasks wait in its socket, as in torch's index queue); a
+        dataset whose workers wait on each other needs that. During a resize the least-loaded ready
+        worker gets the next batch instead, so new workers are used at once and retiring ones are not."""
+        slots = sorted(self._slots.values(), key=lambda s: s.identity.id)
+        steady = len(slots) == self._target and all(
+            s.state in (STARTING, WORKING) and s.conn is not None and s.identity.id == i for i, s in enumerate(slots)
+        )
+        return slots if steady else []
 
     def _dispatch_streams(self, epoch: Epoch) -> None:
         limit = epoch.next_to_yield + self._prefetch * epoch.streams

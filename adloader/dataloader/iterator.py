@@ -81,6 +81,7 @@ class LoaderIterator:
         rng_snapshot: Any,
         replay_until: int = 0,
         yielded: int = 0,
+        reported_length: int | None = None,
     ) -> None:
         self.epoch = epoch
         self.rng_snapshot = rng_snapshot
@@ -95,6 +96,7 @@ class LoaderIterator:
         self._pin = pin
         self._make_pool = make_pool
         self.replay_until = replay_until
+        self._reported_length = reported_length  # len(loader) of an IterableDataset, if it was asked
         self._stream: Any = None
         self._switch = threading.Lock()
         self._closed = False
@@ -120,7 +122,23 @@ class LoaderIterator:
             self._timer.leave(delivered=True)
             raise
         self._timer.leave(delivered=True)
+        if self.epoch.iterable and self._reported_length is not None and self.yielded > self._reported_length:
+            self._warn_longer_than_reported()
         return data
+
+    def _warn_longer_than_reported(self) -> None:
+        """torch's warning, word for word, when an IterableDataset yields more than its ``__len__``."""
+        message = (
+            f"Length of IterableDataset {self._spec.dataset} was reported to be {self._reported_length}"
+            f"(when accessing len(dataloader)), but {self.yielded} samples have been fetched. "
+        )
+        if self.epoch.streams > 0:
+            message += (
+                "For multiprocessing data-loading, this could be caused by not properly configuring the "
+                "IterableDataset replica at each worker. Please see "
+                "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples."
+            )
+        warnings.warn(message, stacklevel=3)
 
     # ------------------------------------------------------------ for the loader
 

@@ -17,7 +17,7 @@ import threading
 import warnings
 import weakref
 from multiprocessing.context import BaseContext
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import torch
 import torch.utils.data
@@ -36,8 +36,10 @@ MAX_WORKERS = 1024
 STATE_VERSION = 1
 _IN_EPOCH_KEYS = ("epoch", "base_seed", "position", "yielded", "rng_state", "streams")
 
+T_co = TypeVar("T_co", covariant=True)
 
-class DataLoader(torch.utils.data.DataLoader):
+
+class DataLoader(torch.utils.data.DataLoader[T_co]):
     """Drop-in for :class:`torch.utils.data.DataLoader` whose worker count can change mid-epoch.
 
     ``set_num_workers(n)`` (any thread, takes effect within a second) resizes
@@ -171,7 +173,7 @@ class DataLoader(torch.utils.data.DataLoader):
             epoch=epoch, source=source, owns_source=owns, spec=self._fetch_spec(), counters=self.counters,
             timer=self._timer, timeout=self.timeout, length=lambda: len(self._index_sampler), pin=self._pinner(),
             make_pool=functools.partial(self._handover_pool, epoch.base_seed), rng_snapshot=snapshot,
-            replay_until=replay_until, yielded=yielded,
+            replay_until=replay_until, yielded=yielded, reported_length=self._IterableDataset_len_called,
         )
         with self._lock:
             self._iterators.add(iterator)

@@ -10,8 +10,9 @@ that works with torch's loader works here: the dataset may live in
 single-threaded and idle, and forks each worker from itself in milliseconds.
 
 With ``multiprocessing_context`` spawn or forkserver the helper itself is
-started that way and receives the dataset pickled; each worker unpickles its
-own copy, as torch's workers would.
+started that way and holds no dataset: the training process pickles the
+dataset once per worker, as torch does, and sends it down that worker's
+connection (handoff.py); each worker unpickles its own copy.
 
 Control socket (SOCK_SEQPACKET, so messages keep their boundaries and carry
 file descriptors):
@@ -37,7 +38,6 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
-from multiprocessing.reduction import ForkingPickler
 
 from adloader.dataloader.fetch import FetchSpec
 from adloader.dataloader.worker import WorkerIdentity, worker_main
@@ -56,16 +56,20 @@ class WorkerSpawner:
     def __init__(self, context: BaseContext, spec: FetchSpec, proc_root: str = "/proc") -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         forked = context.get_start_method() == "fork"
-        payload: FetchSpec | bytes = spec if forked else bytes(ForkingPickler.dumps(spec))
         self._sock = ours
         self.process = context.Process(
             target=_helper_main,
-            args=(theirs, ours.fileno() if forked else -1, payload, proc_root),
+            args=(theirs, ours.fileno() if forked else -1, spec if forked else None, proc_root),
             name="adloader-spawner",
             daemon=True,
         )
-        self.process.start()
-        theirs.close()
+        try:
+            self.process.start()
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
         self._next_token = 0
         self.started = False  # True once the helper said HELLO: it got past its own start-up
 
@@ -127,7 +131,7 @@ class WorkerSpawner:
 # ------------------------------------------------------------------ inside the helper process
 
 
-def _helper_main(sock: socket.socket, inherited_end: int, payload: FetchSpec | bytes, proc_root: str) -> None:
+def _helper_main(sock: socket.socket, inherited_end: int, payload: FetchSpec | None, proc_root: str) -> None:
     if inherited_end >= 0:  # fork: we inherited the training process's end of the socket; keep only ours
         os.close(inherited_end)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training process's to handle
@@ -166,7 +170,7 @@ def _helper_main(sock: socket.socket, inherited_end: int, payload: FetchSpec | b
 
 
 def _fork_worker(
-    fd: int, sock: socket.socket, wake: tuple[int, int], payload: FetchSpec | bytes, identity: WorkerIdentity,
+    fd: int, sock: socket.socket, wake: tuple[int, int], payload: FetchSpec | None, identity: WorkerIdentity,
     proc_root: str,
 ) -> int:
     pid = os.fork()

@@ -26,14 +26,13 @@ import os
 from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch
 import torch.utils.data._utils.worker as torch_worker
 from torch._utils import ExceptionWrapper
 
-from adloader.dataloader import transfer
+from adloader.dataloader import handoff, transfer
 from adloader.dataloader.fetch import FetchSpec, StreamEnded, fetch_iterable, fetch_map
 from adloader.dataloader.seeding import MASK64, seed_all, seed_worker
 from adloader.dataloader.stats import ResourceMeter
@@ -51,12 +50,13 @@ class WorkerIdentity:
     seed: int
 
 
-def worker_main(conn: Connection, spec: FetchSpec | bytes, identity: WorkerIdentity, proc_root: str) -> None:
-    """Run one worker until told to stop or retire, or until the training process goes away."""
+def worker_main(conn: Connection, spec: FetchSpec | None, identity: WorkerIdentity, proc_root: str) -> None:
+    """Run one worker until told to stop or retire, or until the training process goes away. ``spec`` is
+    None under spawn/forkserver: the training process sends this worker its own pickle (handoff.py)."""
     meter = ResourceMeter(proc_root)
     try:
-        if isinstance(spec, bytes):  # spawn/forkserver: each worker unpickles its own copy, as torch's do
-            spec = ForkingPickler.loads(spec)
+        if spec is None:
+            spec = handoff.receive(conn)
         _become_worker(spec, identity)
     except Exception:
         conn.send((INIT_FAILED, ExceptionWrapper(where=f"in loader worker {identity.id} start-up"), *meter.delta()))
