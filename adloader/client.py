@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import Sequence
 
 from adloader import protocol
 from adloader.errors import ControllerRefused, ControllerUnavailable, ProtocolError
@@ -74,3 +75,19 @@ class ControllerClient:
             self._buffer += chunk
         line, self._buffer = self._buffer.split(b"\n", 1)
         return protocol.decode(line)
+
+
+def connect_first(candidates: Sequence[str | Path], timeout: float = 5.0) -> ControllerClient:
+    """A client connected to the first of ``candidates`` where a controller listens (the
+    order of :func:`adloader.paths.client_socket_paths`). Raises ControllerUnavailable
+    naming every path tried and why each failed."""
+    failures = []
+    for path in candidates:
+        client = ControllerClient(path, timeout=timeout)
+        try:
+            client.connect()
+        except ControllerUnavailable as exc:
+            failures.append(str(exc).removeprefix("no controller at "))
+            continue
+        return client
+    raise ControllerUnavailable("no controller at " + ", nor at ".join(failures))

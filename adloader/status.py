@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable, TextIO
 
 from adloader import paths, protocol
-from adloader.client import ControllerClient
+from adloader.client import ControllerClient, connect_first
 from adloader.errors import AdloaderError, ControllerRefused, ControllerUnavailable
 from controller.cpuspec import format_cpus
 from controller.snapshot import JobSnapshot, NodeSnapshot
@@ -35,16 +35,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--watch", nargs="?", type=float, const=2.0, default=None, metavar="SECONDS",
                         help="refresh every SECONDS (default 2) until Ctrl-C")
     parser.add_argument("--socket", type=Path, default=None,
-                        help="controller socket (default: $ADLOADER_SOCKET, else the per-user default path)")
+                        help="controller socket (default: $ADLOADER_SOCKET, else the first that answers of "
+                        "/run/adloader/adloader.sock and, for users other than root, the per-user socket)")
 
 
 def main(args: argparse.Namespace) -> int:
     if args.watch is not None and args.watch <= 0:
         print("adloader status: --watch needs a positive number of seconds", file=sys.stderr)
         return EXIT_REFUSED
-    socket_path = args.socket or paths.default_socket_path()
     render = _render_json if args.json else render_table
-    with ControllerClient(socket_path) as client:
+    try:
+        client = connect_first([args.socket] if args.socket else paths.client_socket_paths())
+    except ControllerUnavailable as exc:
+        print(f"adloader status: {exc}; is 'adloader controller' running? "
+              "(--socket or ADLOADER_SOCKET names another socket)", file=sys.stderr)
+        return EXIT_NO_CONTROLLER
+    with client:
         try:
             first = fetch(client)
         except ControllerUnavailable as exc:

@@ -27,7 +27,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--socket", type=Path, default=None, metavar="PATH",
                         help="Unix socket to serve (default: $ADLOADER_SOCKET, else /run/adloader/adloader.sock "
-                        "as root)")
+                        "as root, else the per-user $XDG_RUNTIME_DIR/adloader/adloader.sock or "
+                        "/tmp/adloader-<uid>/adloader.sock)")
     parser.add_argument("--state-dir", type=Path, default=None, metavar="DIR",
                         help="where the state file lives (default /var/lib/adloader as root)")
     parser.add_argument("--policy", choices=policy_names(), default=None,

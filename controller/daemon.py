@@ -1,7 +1,8 @@
 """The node daemon: wires the socket server, the job registry, the control loop, the state
 file and the metrics exporter, and owns their lifecycle.
 
-Start: refuse if another controller answers on the socket, recover from the state
+Start: refuse if another controller holds the cgroup group or the state directory
+(:mod:`controller.ownership`), or answers on the socket; recover from the state
 file (adopt the groups of jobs still alive, remove those of dead ones), then serve
 and run the control loop every period. Stop (SIGTERM/SIGINT): stop serving, remove
 the socket, lift every limit (the jobs keep running, unmanaged) and save the state so
@@ -15,17 +16,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from adloader import __version__, protocol
+from adloader import __version__, paths, protocol
 from controller import faults
 from controller.backends.base import BackendError, ResourceBackend
 from controller.backends.detect import detect_backend
 from controller.cpuspec import format_cpus
 from controller.loop import ControlLoop
+from controller.ownership import Holder, Ownership
 from controller.peer import peer_belongs_to_job
 from controller.policies import JobAllocation, NodeResources, PolicyError, make_policy, policy_names
 from controller.registry import Job, JobFinishedHook, Predictor, Recall, Registry
@@ -59,6 +62,8 @@ class ControllerConfig:
     window_s: float = 5.0
     cgroup_root: Path = Path("/sys/fs/cgroup")
     proc: Path = Path("/proc")
+    lock_dir: Path = field(default_factory=paths.default_lock_dir)
+    """Where the per-group lock files live (shared by every controller on the node)."""
 
 
 class Controller:
@@ -79,6 +84,7 @@ class Controller:
         self.registry = Registry(window_s=config.window_s, predictor=predictor, on_job_finished=on_job_finished,
                                  recall=recall)
         self.store = StateStore(config.state_dir)
+        self.ownership = Ownership(config.lock_dir, config.group, config.state_dir)
         self.loop = ControlLoop(self.backend, self.node, make_policy(config.policy or default_policy()))
         self.server = ControlServer(config.socket_path, self.handle, self._connection_closed, self._count_error)
         self.started_at = time.time()
@@ -97,7 +103,13 @@ class Controller:
     async def run(self) -> None:
         """Serve and control until request_stop(); then release limits and clean up."""
         self._wake = asyncio.Event()
-        await self.server.start()  # refuses first if another controller is there
+        await self.server.start()  # refuses first if another controller answers there
+        try:
+            self.ownership.acquire(Holder(pid=os.getpid(), socket=str(self.config.socket_path),
+                                          state_dir=str(self.config.state_dir), group=self.config.group))
+        except BaseException:
+            await self.server.stop()
+            raise
         try:
             self.recover()
             self._start_metrics()
@@ -132,6 +144,7 @@ class Controller:
         self.save()
         if self._metrics is not None:
             self._metrics.stop()
+        self.ownership.release()
         log.info("stopped; %d job(s) left running unmanaged, state saved in %s", len(self.registry), self.store.path)
 
     def _start_metrics(self) -> None:

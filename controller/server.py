@@ -29,6 +29,8 @@ from controller.peer import PeerCredentials, peer_credentials
 log = logging.getLogger(__name__)
 
 SOCKET_MODE = 0o666
+STOP_TIMEOUT_S = 5.0
+"""How long a stop waits for the connections it closed to finish."""
 DIRECTORY_MODE = 0o755
 
 
@@ -108,6 +110,7 @@ class ControlServer:
         self._on_error = on_error
         self._server: asyncio.AbstractServer | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._tasks: set[asyncio.Task] = set()
         self._inode: int | None = None
 
     @property
@@ -124,11 +127,18 @@ class ControlServer:
         log.info("listening on %s", self.path)
 
     async def stop(self) -> None:
-        """Stop accepting, close every connection, and remove the socket file if it is still ours."""
+        """Stop accepting, close every connection and let its task finish, and remove the socket
+        file if it is still ours. A connection task left pending would be cancelled when the loop
+        closes, and asyncio logs a cancelled connection task as an error with a traceback."""
         if self._server is not None:
             self._server.close()
             for writer in list(self._writers):
                 writer.close()
+            if self._tasks:
+                _, stuck = await asyncio.wait(set(self._tasks), timeout=STOP_TIMEOUT_S)
+                if stuck:  # a handler that never returns (a bug): do not hang the stop on it
+                    log.warning("%d connection(s) did not close within %g s; stopping anyway", len(stuck),
+                                STOP_TIMEOUT_S)
             await self._server.wait_closed()
             self._server = None
         try:
@@ -145,6 +155,10 @@ class ControlServer:
             writer.close()
             return
         self._writers.add(writer)
+        task = asyncio.current_task()
+        if task is not None:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
         try:
             await self._converse(reader, writer, connection)
         except (ConnectionError, asyncio.IncompleteReadError):

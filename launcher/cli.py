@@ -19,7 +19,15 @@ class LaunchError(AdloaderError):
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.usage = "adloader run [--name NAME] [--gpus N] [--num-workers N] [--samples N] [--model-features FILE] -- COMMAND..."
+    parser.usage = ("adloader run [--name NAME] [--gpus N] [--num-workers N] [--samples N] [--model-features FILE] "
+                    "[--socket PATH] -- COMMAND...")
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = (
+        "controller socket: --socket PATH, else $ADLOADER_SOCKET, else the first that answers of\n"
+        f"  {paths.SYSTEM_SOCKET} (the node's system controller) and, for users other than root,\n"
+        "  $XDG_RUNTIME_DIR/adloader/adloader.sock (or /tmp/adloader-<uid>/adloader.sock: a controller of your own).\n"
+        "With none answering, the command runs unmanaged after one warning line."
+    )
     parser.add_argument("--name", default=None,
                         help="job name shown by `adloader status` (default: the training script's file name)")
     parser.add_argument("--gpus", type=_count, default=None, metavar="N",
@@ -31,6 +39,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="samples the job will process in all, if known (lets --policy jct finish short jobs first)")
     parser.add_argument("--model-features", type=Path, default=None, metavar="FILE",
                         help="JSON object of model features (from `adloader model`) for the throughput prediction")
+    parser.add_argument("--socket", type=Path, default=None, metavar="PATH",
+                        help="the controller's socket (default: $ADLOADER_SOCKET, else the search order below)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
 
 
@@ -54,7 +64,7 @@ def main(args: argparse.Namespace) -> int:
     except LaunchError as exc:
         log.error("%s", exc)
         return 2
-    return run_job(request, str(paths.default_socket_path()))
+    return run_job(request, [args.socket] if args.socket else paths.client_socket_paths())
 
 
 def load_features(path: Path) -> dict[str, float]:

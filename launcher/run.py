@@ -11,7 +11,10 @@ to the command, which shares our process group, and a second Ctrl-C would cut it
 clean-up short. The launcher exits with the command's exit code, or 128+N when the
 command was killed by signal N, as a shell does.
 
-No controller listening is normal: one warning line, and the command runs unmanaged.
+The controller is looked for where :func:`adloader.paths.client_socket_paths` says (the
+system socket, then the user's own), and the one found is handed to the command in
+``ADLOADER_SOCKET``. No controller listening is normal: one warning line naming the
+paths tried, and the command runs unmanaged.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
 from adloader import env, protocol
-from adloader.client import ControllerClient
+from adloader.client import ControllerClient, connect_first
 from adloader.errors import ControllerRefused, ControllerUnavailable
 
 log = logging.getLogger(__name__)
@@ -93,15 +96,15 @@ class ManagedJob:
         self.client.close()
 
 
-def register(request: JobRequest, socket_path: str) -> ManagedJob | None:
-    """Register with the controller (which moves this process into the job's group).
-    None, after one warning line, when the job must run unmanaged."""
-    client = ControllerClient(socket_path, timeout=10.0)
+def register(request: JobRequest, socket_paths: Sequence[str | Path]) -> ManagedJob | None:
+    """Register with the first controller found at ``socket_paths`` (it moves this process
+    into the job's group). None, after one warning line, when the job must run unmanaged."""
     message = protocol.Register(
         name=request.name, gpus=request.gpus, num_workers=request.num_workers, features=request.features,
         samples=request.samples,
     )
     try:
+        client = connect_first(socket_paths, timeout=10.0)
         reply = client.request(message)
     except ControllerUnavailable as exc:
         log.warning("%s; running %s unmanaged", exc, request.name)
@@ -117,10 +120,10 @@ def register(request: JobRequest, socket_path: str) -> ManagedJob | None:
         return None
     log.info("job %s registered as %s (%s backend, group %s)", request.name, reply.job_id, reply.backend,
              reply.cgroup)
-    return ManagedJob(client, reply.job_id, socket_path)
+    return ManagedJob(client, reply.job_id, client.path)
 
 
-def run_job(request: JobRequest, socket_path: str, environ: Mapping[str, str] | None = None) -> int:
+def run_job(request: JobRequest, socket_paths: Sequence[str | Path], environ: Mapping[str, str] | None = None) -> int:
     """Register, run the command to its end, tell the controller; returns the exit code.
 
     The forwarded signals are held from the start, not only once the command runs: a job
@@ -128,10 +131,10 @@ def run_job(request: JobRequest, socket_path: str, environ: Mapping[str, str] | 
     before the command starts ends the launch with 128+N instead of starting it."""
     environ = os.environ if environ is None else environ
     with held_signals() as command_mask:
-        managed = register(request, socket_path)
+        managed = register(request, socket_paths)
         command_env = dict(environ)
         if managed is not None:
-            command_env = env.managed_environment(environ, socket_path, managed.job_id)
+            command_env = env.managed_environment(environ, managed.socket_path, managed.job_id)
         early = signal.sigtimedwait(FORWARDED_SIGNALS, 0)
         if early is not None:
             log.warning("%s arrived before the command started; not starting it",

@@ -1,13 +1,14 @@
 """Shared fixtures: a real ``adloader controller`` subprocess and real ``adloader run`` jobs.
 
-- ``start_controller(*options, period=0.5, environ=None, ready=True)``: a factory that
+- ``start_controller(*options, period=0.5, environ=None, ready=True, socket=None)``: a factory that
   starts ``python -m adloader controller`` with a socket in a fresh 0755 directory
   under /tmp, a temp state dir and a unique cgroup group (``adloader-test-<uuid8>``),
-  plus ``options`` (e.g. ``"--policy", "even", "--cpus", "0"``). Returns a
+  (``socket`` replaces the socket path) plus ``options`` (e.g. ``"--policy", "even", "--cpus", "0"``). Returns a
   :class:`fixtures.managed.ControllerProcess`: ``.status()``, ``.request(msg)``,
   ``.run(*command, name=...)`` to start a job against it, ``.registered(job)`` to wait
   for its registration, ``.stop(sig)``, ``.kill()``, ``.start()`` (restart), ``.log()``.
 - ``controller``: one such controller with ``--policy even --cpus 0`` and a 0.5 s period.
+- ``users``: two unprivileged system users created for the session (removed at its end).
 - ``start_job(*command, name=..., socket=None, environ=None)``: ``adloader run`` without
   a controller fixture (socket None: no controller listening).
 
@@ -18,7 +19,12 @@ that need real cgroups should skip with ``fixtures.managed.NO_CGROUP_V1`` when
 """
 from __future__ import annotations
 
+import os
+import pwd
+import shutil
+import subprocess
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -48,8 +54,10 @@ def start_controller(_cleanup: Cleanup) -> Callable[..., ControllerProcess]:
         pytest.skip(NO_CGROUP_V1)
 
     def start(*options: str, period: float = 0.5, environ: dict[str, str] | None = None,
-              ready: bool = True) -> ControllerProcess:
+              ready: bool = True, socket: Path | None = None) -> ControllerProcess:
         controller = _cleanup.new_controller(tuple(options), period, environ or base_environment())
+        if socket is not None:
+            controller.socket = socket
         return controller.start(ready=ready)
 
     return start
@@ -73,3 +81,22 @@ def start_job(_cleanup: Cleanup) -> Callable[..., JobProcess]:
                           started=_cleanup.jobs)
 
     return start
+
+
+@pytest.fixture(scope="session")
+def users() -> Iterator[tuple[pwd.struct_passwd, pwd.struct_passwd]]:
+    """Two unprivileged system users of our own, removed after the session."""
+    if os.geteuid() != 0 or shutil.which("useradd") is None:
+        pytest.skip("needs root and useradd to create the test users")
+    tag = uuid.uuid4().hex[:6]
+    names = [f"adl-t{tag}-{i}" for i in (1, 2)]
+    created = []
+    try:
+        for name in names:
+            subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
+                           check=True, capture_output=True)
+            created.append(name)
+        yield pwd.getpwnam(names[0]), pwd.getpwnam(names[1])
+    finally:
+        for name in created:
+            subprocess.run(["userdel", name], check=False, capture_output=True)

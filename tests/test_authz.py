@@ -12,7 +12,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pwd
-import shutil
 import socket
 import stat
 import subprocess
@@ -30,25 +29,6 @@ from controller.server import SocketInUse, prepare_socket_path
 from fixtures.managed import REPO, ControllerProcess, base_environment
 
 Reply = tuple[str, "str | None"]
-
-
-@pytest.fixture(scope="session")
-def users() -> Iterator[tuple[pwd.struct_passwd, pwd.struct_passwd]]:
-    """Two unprivileged system users of our own, removed after the session."""
-    if os.geteuid() != 0 or shutil.which("useradd") is None:
-        pytest.skip("needs root and useradd to create the test users")
-    tag = uuid.uuid4().hex[:6]
-    names = [f"adl-t{tag}-{i}" for i in (1, 2)]
-    created = []
-    try:
-        for name in names:
-            subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-                           check=True, capture_output=True)
-            created.append(name)
-        yield pwd.getpwnam(names[0]), pwd.getpwnam(names[1])
-    finally:
-        for name in created:
-            subprocess.run(["userdel", name], check=False, capture_output=True)
 
 
 def _agent_main(pipe: Connection, socket_path: str, uid: int, gid: int, job_name: str | None) -> None:
