@@ -46,6 +46,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="read bandwidth of --read-device to share, bytes/s (default: not managed)")
     parser.add_argument("--read-device", default=None, metavar="MAJ:MIN",
                         help="block device the datasets are read from, e.g. 254:0 (lsblk -o NAME,MAJ:MIN)")
+    parser.add_argument("--memory-reserve", type=_size, default=None, metavar="BYTES",
+                        help="node memory no job's DataLoader workers may take, e.g. 4G (default: 5%% of the "
+                        "node's memory, at least 1G); workers are also kept within each job's memory cgroup limit")
     parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                         help="serve Prometheus metrics on this port (default/0: no exporter)")
     parser.add_argument("--device", default=None, metavar="NAME",
@@ -95,6 +98,7 @@ def _build(args: argparse.Namespace) -> Controller:
         read_device=args.read_device,
         metrics_port=args.metrics_port or None,
         metrics_address=args.metrics_address,
+        memory_reserve=args.memory_reserve,
     )
     if args.no_history:
         return Controller(config)
@@ -115,6 +119,20 @@ async def _serve(controller: Controller) -> int:
         log.error("%s", exc)
         return 1
     return 0
+
+
+def _size(text: str) -> int:
+    """Bytes, with an optional K/M/G/T suffix (powers of 1024): "4G", "512M", "1073741824"."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    scale = units.get(text[-1:].upper(), 1)
+    number = text[:-1] if scale != 1 else text
+    try:
+        value = float(number)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text} is not a size: give bytes, or a number with K, M, G or T") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is negative")
+    return int(value * scale)
 
 
 def _positive_float(text: str) -> float:

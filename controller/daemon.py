@@ -29,6 +29,7 @@ from controller.backends.detect import detect_backend
 from controller.cpuspec import format_cpus
 from controller.loop import ControlLoop
 from controller.ownership import Holder, Ownership
+from controller.worker_memory import WorkerMemory
 from controller.peer import peer_belongs_to_job
 from controller.policies import JobAllocation, NodeResources, PolicyError, make_policy, policy_names
 from controller.registry import Job, JobFinishedHook, Predictor, Recall, Registry
@@ -64,6 +65,8 @@ class ControllerConfig:
     proc: Path = Path("/proc")
     lock_dir: Path = field(default_factory=paths.default_lock_dir)
     """Where the per-group lock files live (shared by every controller on the node)."""
+    memory_reserve: int | None = None
+    """Bytes of node memory no job's workers may take (None: 5% of MemTotal, at least 1 GiB)."""
 
 
 class Controller:
@@ -85,7 +88,10 @@ class Controller:
                                  recall=recall)
         self.store = StateStore(config.state_dir)
         self.ownership = Ownership(config.lock_dir, config.group, config.state_dir)
-        self.loop = ControlLoop(self.backend, self.node, make_policy(config.policy or default_policy()))
+        self.loop = ControlLoop(
+            self.backend, self.node, make_policy(config.policy or default_policy()),
+            worker_memory=WorkerMemory(config.memory_reserve, proc=config.proc, cgroup_root=config.cgroup_root),
+        )
         self.server = ControlServer(config.socket_path, self.handle, self._connection_closed, self._count_error)
         self.started_at = time.time()
         self.errors: Counter[str] = Counter()

@@ -17,10 +17,11 @@ from controller import faults
 from controller.backends.base import BackendError, ResourceBackend
 from controller.change_clock import ChangeClock
 from controller.cpuspec import format_cpus
-from controller.policies.base import JobAllocation, NodeResources, Policy
+from controller.policies.base import JobAllocation, JobView, NodeResources, Policy
 from controller.reconciler import Change, Failure, reconcile
 from controller.registry import Registry
 from controller.safety_net import SafetyNet
+from controller.worker_memory import WorkerMemory
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,9 @@ class ControlLoop:
         clock: Callable[[], float] = time.perf_counter,
         change_clock: ChangeClock | None = None,
         safety_net: SafetyNet | None = None,
+        worker_memory: WorkerMemory | None = None,
     ) -> None:
+        """``worker_memory``: caps each job's workers to what fits in its memory (None: no cap)."""
         self.backend = backend
         self.node = node
         self.policy = policy
@@ -58,6 +61,7 @@ class ControlLoop:
         self._clock = clock
         self.change_clock = change_clock or ChangeClock()
         self.safety_net = safety_net or SafetyNet()
+        self.worker_memory = worker_memory
 
     def forget(self, job_id: str) -> None:
         """The job is gone: nothing of it is applied any more."""
@@ -71,6 +75,8 @@ class ControlLoop:
         registry.observe_loading(self._cpu_seconds(registry))
         events = set(events)
         views = self.change_clock.annotate(registry.views(self.applied), events)
+        if self.worker_memory is not None:
+            views = self.worker_memory.annotate(views, self._pids(views))
         wanted = {view.job_id: JobAllocation() for view in views}
         wanted.update({k: v for k, v in self.policy.allocate(self.node, views).items() if k in wanted})
         reason = _reason(events)
@@ -101,6 +107,16 @@ class ControlLoop:
             reason=reason if changed else None, seconds=self.last_step_seconds,
         )
 
+
+    def _pids(self, views: Iterable[JobView]) -> dict[str, set[int]]:
+        """Each job's processes, from its group (a job whose group is going away has none)."""
+        pids = {}
+        for view in views:
+            try:
+                pids[view.job_id] = self.backend.pids(view.job_id)
+            except BackendError:
+                continue
+        return pids
 
     def _cpu_seconds(self, registry: Registry) -> dict[str, float] | None:
         """Each job's group CPU time, when the backend accounts for it (None otherwise)."""

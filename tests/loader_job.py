@@ -25,14 +25,22 @@ from torch.utils.data import Dataset
 from adloader import DataLoader
 
 
+_BALLAST: list[bytearray] = []
+
+
 class Work(Dataset):
-    def __init__(self, n: int) -> None:
+    def __init__(self, n: int, worker_mb: int = 0) -> None:
         self.n = n
+        self.worker_mb = worker_mb
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, i: int) -> torch.Tensor:
+        if self.worker_mb and not _BALLAST and torch.utils.data.get_worker_info() is not None:
+            ballast = bytearray(self.worker_mb << 20)
+            ballast[::4096] = b"\1" * len(range(0, len(ballast), 4096))  # touch every page: private memory
+            _BALLAST.append(ballast)
         sum(range(3000))  # a little CPU per sample
         return torch.tensor([i])
 
@@ -48,6 +56,7 @@ def main() -> int:
     parser.add_argument("--stop-file", type=Path, default=None,
                         help="stop after the epoch during which this file appears (tests set --seconds high)")
     parser.add_argument("--distributed", action="store_true")
+    parser.add_argument("--worker-mb", type=int, default=0, help="each worker holds this much private memory")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
@@ -62,7 +71,7 @@ def main() -> int:
         dist.all_reduce(total)
         assert int(total) == dist.get_world_size()
         sampler = torch.utils.data.distributed.DistributedSampler(Work(args.samples), shuffle=True, seed=3)
-    loader = DataLoader(Work(args.samples), batch_size=args.batch_size, num_workers=args.workers, sampler=sampler,
+    loader = DataLoader(Work(args.samples, args.worker_mb), batch_size=args.batch_size, num_workers=args.workers, sampler=sampler,
                         persistent_workers=True)
     epochs, pids = [], set()
     deadline = time.monotonic() + args.seconds

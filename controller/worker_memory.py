@@ -1,0 +1,288 @@
+"""How many DataLoader workers fit in a job's memory.
+
+A worker costs memory: its own pages (USS: what it alone maps; the dataset copy, decode
+buffers) and its share of the prefetched batches, which live in shared memory (torch
+hands batches from workers to the main process through it): the job's processes'
+proportional shares of shared memory (``Pss_Shmem``) over its workers. A policy that adds workers with no regard for that gets the job
+OOM-killed by its memory cgroup, so before each control step the loop asks this module
+how many workers each job can hold and the policies never give more
+(``JobView.max_workers``).
+
+The room a job has is the tightest of:
+- every memory limit on the path from its memory cgroup up to the root: its own
+  (``memory.limit_in_bytes`` on cgroup v1, ``memory.max`` on v2) and its scheduler's
+  (Slurm's job, a kubelet pod), each less that group's working set (usage less the
+  inactive page cache, which the kernel reclaims before it kills);
+- the node's available memory (``MemAvailable``) less the reserve the operator keeps
+  (``adloader controller --memory-reserve``).
+Workers that fit = the workers it runs + (room − margin) / (USS + prefetch share per
+worker), split over its ranks; a worker is costed at the most one was seen to cost, and
+none is added while the measured cost still grows (a worker just started has not filled
+its buffers). Until a job runs a worker there is nothing to measure: it
+gets no more workers than it asked for. Every root (/proc, the cgroup mounts) is injectable.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Sequence
+
+from controller.policies.base import JobView
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RESERVE_FRACTION = 0.05
+DEFAULT_RESERVE_MIN = 1 << 30
+UNLIMITED = 1 << 60
+"""cgroup v1 writes 'no limit' as a number near 2^63."""
+MARGIN_FRACTION = 0.1
+"""Of the room, kept free: a worker's memory varies with its batches."""
+MARGIN_MIN = 32 << 20
+GROWTH = 1.1
+"""A worker cost more than this factor above the last measurement is still growing."""
+
+
+def default_reserve(proc: Path = Path("/proc")) -> int:
+    """The node memory reserve when the operator sets none: 5% of MemTotal, at least 1 GiB."""
+    total = read_meminfo(proc).get("MemTotal", 0)
+    return max(DEFAULT_RESERVE_MIN, int(DEFAULT_RESERVE_FRACTION * total))
+
+
+def read_meminfo(proc: Path = Path("/proc")) -> dict[str, int]:
+    """/proc/meminfo in bytes."""
+    result = {}
+    for line in (proc / "meminfo").read_text().splitlines():
+        key, _, rest = line.partition(":")
+        fields = rest.split()
+        if fields:
+            result[key] = int(fields[0]) * (1024 if len(fields) > 1 and fields[1] == "kB" else 1)
+    return result
+
+
+@dataclass(frozen=True)
+class WorkerCost:
+    """What one job's workers cost, measured."""
+
+    workers: int
+    uss_bytes: float
+    """Mean USS of its workers."""
+    prefetch_bytes: float
+    """Its shared-memory pages (prefetched batches) per worker."""
+
+    @property
+    def per_worker(self) -> float:
+        return self.uss_bytes + self.prefetch_bytes
+
+
+@dataclass(frozen=True)
+class Room:
+    """How much more memory the job may use, and which limit says so."""
+
+    bytes: float
+    limited_by: str
+
+
+@dataclass(frozen=True)
+class MemoryVerdict:
+    cost: WorkerCost
+    room: Room
+    max_workers_per_rank: int
+
+
+class WorkerMemory:
+    """Measures each job's worker memory and room, and caps its workers in the policy's views."""
+
+    def __init__(
+        self,
+        reserve_bytes: int | None = None,
+        proc: Path = Path("/proc"),
+        cgroup_root: Path = Path("/sys/fs/cgroup"),
+        refresh_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``refresh_s``: how often a job is measured (reading each worker's smaps costs CPU)."""
+        self.proc = proc
+        self.cgroup_root = cgroup_root
+        self.reserve_bytes = default_reserve(proc) if reserve_bytes is None else reserve_bytes
+        self.refresh_s = refresh_s
+        self._clock = clock
+        self._verdicts: dict[str, tuple[float, MemoryVerdict]] = {}
+        self._peak: dict[str, WorkerCost] = {}
+
+    def annotate(self, views: Sequence[JobView], pids: Mapping[str, Iterable[int]]) -> list[JobView]:
+        """``views`` with ``max_workers`` set where a job's workers were measured."""
+        now = self._clock()
+        live = {view.job_id for view in views}
+        for job_id in set(self._verdicts) - live:
+            del self._verdicts[job_id]
+        for job_id in set(self._peak) - live:
+            del self._peak[job_id]
+        result = []
+        for view in views:
+            cached = self._verdicts.get(view.job_id)
+            if cached is None or now - cached[0] >= self.refresh_s:
+                verdict = self.verdict(view, set(pids.get(view.job_id, ())))
+                self._log_change(view, cached[1] if cached else None, verdict)
+                if verdict is None:  # no worker to measure yet: no more than it asked for; ask again next step
+                    result.append(dataclasses.replace(view, max_workers=view.requested_workers or 1))
+                    continue
+                cached = (now, verdict)
+                self._verdicts[view.job_id] = cached
+            result.append(dataclasses.replace(view, max_workers=cached[1].max_workers_per_rank))
+        return result
+
+    def verdict(self, view: JobView, pids: set[int]) -> MemoryVerdict | None:
+        """The job's worker cost, room and the workers per rank that fit; None before it runs a
+        worker (or when its processes are gone). A worker is costed at the most one of the
+        job's workers was seen to cost: a worker just started has not filled its buffers yet."""
+        cost = self.worker_cost(pids)
+        if cost is None:
+            return None
+        peak = self._peak.get(view.job_id)
+        growing = peak is None or cost.per_worker > GROWTH * peak.per_worker
+        if peak is not None and peak.per_worker > cost.per_worker:
+            cost = dataclasses.replace(cost, uss_bytes=peak.uss_bytes, prefetch_bytes=peak.prefetch_bytes)
+        self._peak[view.job_id] = cost
+        room = self.room(pids)
+        margin = max(MARGIN_MIN, MARGIN_FRACTION * max(0.0, room.bytes))
+        extra = math.floor((room.bytes - margin) / cost.per_worker) if cost.per_worker > 0 else 0
+        if growing:  # its workers are still filling up: none added until their cost holds still
+            extra = min(extra, 0)
+        total = cost.workers + extra
+        return MemoryVerdict(cost=cost, room=room, max_workers_per_rank=max(0, total // max(1, view.ranks)))
+
+    def worker_cost(self, pids: set[int]) -> WorkerCost | None:
+        """Mean USS of the job's loader workers and their share of its shared memory."""
+        workers = [pid for pid in sorted(pids) if self._is_worker(pid, pids)]
+        uss = [rollup["Private_Clean"] + rollup["Private_Dirty"] for pid in workers if (rollup := self._rollup(pid))]
+        if not uss:
+            return None
+        shmem = sum(rollup.get("Pss_Shmem", 0) for pid in pids if (rollup := self._rollup(pid)))
+        return WorkerCost(workers=len(uss), uss_bytes=sum(uss) / len(uss), prefetch_bytes=shmem / len(uss))
+
+    def room(self, pids: set[int]) -> Room:
+        """The tightest room: each memory limit from the job's group up, and the node's reserve."""
+        meminfo = read_meminfo(self.proc)
+        best = Room(bytes=meminfo.get("MemAvailable", 0) - self.reserve_bytes,
+                    limited_by=f"node (MemAvailable less the {self.reserve_bytes >> 20} MiB reserve)")
+        groups = {group for pid in pids if (group := self._memory_group(pid)) is not None}
+        seen: set[Path] = set()
+        for start in sorted(groups):
+            group: Path | None = start
+            while group is not None and group not in seen:  # the job's groups and their ancestors
+                seen.add(group)
+                limit = self._limit(group)
+                if limit is not None:
+                    used = self._working_set(group)
+                    if limit - used < best.bytes:
+                        best = Room(bytes=limit - used, limited_by=f"{group} limit {limit / (1 << 20):.0f} MiB")
+                group = None if group == self._mount(group) else group.parent
+        return best
+
+    # ------------------------------------------------------------------ reading the kernel
+
+    def _is_worker(self, pid: int, job_pids: set[int]) -> bool:
+        """A DataLoader worker: its parent is in the job and it is a fork of it (same command
+        line) or a multiprocessing spawn/forkserver child."""
+        try:
+            stat = (self.proc / str(pid) / "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid not in job_pids:
+                return False
+            mine = (self.proc / str(pid) / "cmdline").read_bytes()
+            parent = (self.proc / str(ppid) / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            return False
+        return bool(mine) and (mine == parent or b"multiprocessing" in mine)
+
+    def _rollup(self, pid: int) -> dict[str, int] | None:
+        """The process's /proc/PID/smaps_rollup in bytes (USS = Private_Clean + Private_Dirty;
+        Pss_Shmem its proportional share of shared memory)."""
+        try:
+            text = (self.proc / str(pid) / "smaps_rollup").read_text()
+        except OSError:
+            return None
+        values = {"Private_Clean": 0, "Private_Dirty": 0}
+        for line in text.splitlines()[1:]:
+            key, _, rest = line.partition(":")
+            fields = rest.split()
+            if fields and fields[0].isdigit():
+                values[key] = int(fields[0]) * 1024
+        return values
+
+    def _memory_group(self, pid: int) -> Path | None:
+        """The directory of the memory cgroup ``pid`` is in (v1 memory hierarchy, else v2)."""
+        try:
+            lines = (self.proc / str(pid) / "cgroup").read_text().splitlines()
+        except OSError:
+            return None
+        v2 = None
+        for line in lines:
+            _, controllers, path = line.split(":", 2)
+            if "memory" in controllers.split(","):
+                return self.cgroup_root / "memory" / path.lstrip("/")
+            if controllers == "":
+                v2 = path
+        if v2 is not None:
+            for mount in (self.cgroup_root / "unified", self.cgroup_root):
+                if (mount / "cgroup.controllers").exists():
+                    candidate = mount / v2.lstrip("/")
+                    if (candidate / "memory.current").exists():
+                        return candidate
+        return None
+
+    def _mount(self, group: Path) -> Path:
+        if group.is_relative_to(self.cgroup_root / "memory"):
+            return self.cgroup_root / "memory"
+        if group.is_relative_to(self.cgroup_root / "unified"):
+            return self.cgroup_root / "unified"
+        return self.cgroup_root
+
+    def _limit(self, group: Path) -> float | None:
+        for name in ("memory.limit_in_bytes", "memory.max"):
+            try:
+                text = (group / name).read_text().strip()
+            except OSError:
+                continue
+            if text == "max":
+                return None
+            value = float(text)
+            return None if value >= UNLIMITED else value
+        return None
+
+    def _working_set(self, group: Path) -> float:
+        """Usage less the inactive page cache, as kubelet counts it."""
+        usage = 0.0
+        for name in ("memory.usage_in_bytes", "memory.current"):
+            try:
+                usage = float((group / name).read_text())
+                break
+            except OSError:
+                continue
+        inactive = self._stat(group, "total_inactive_file") or self._stat(group, "inactive_file") or 0.0
+        return max(0.0, usage - inactive)
+
+    def _stat(self, group: Path, key: str) -> float | None:
+        try:
+            for line in (group / "memory.stat").read_text().splitlines():
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return float(value)
+        except OSError:
+            return None
+        return None
+
+    def _log_change(self, view: JobView, before: MemoryVerdict | None, after: MemoryVerdict | None) -> None:
+        """INFO when a job's cap is first known or moves: the reason its workers stop there."""
+        if after is None or (before is not None and before.max_workers_per_rank == after.max_workers_per_rank):
+            return
+        log.info(
+            "job %s (%s): memory fits %d workers per rank: %.0f MiB more may be used (%s), a worker costs "
+            "%.0f MiB (USS %.0f MiB + prefetch %.0f MiB); no policy gives it more",
+            view.job_id, view.name, after.max_workers_per_rank, after.room.bytes / (1 << 20), after.room.limited_by,
+            after.cost.per_worker / (1 << 20), after.cost.uss_bytes / (1 << 20), after.cost.prefetch_bytes / (1 << 20),
+        )

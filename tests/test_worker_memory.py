@@ -1,0 +1,187 @@
+"""Workers that fit in a job's memory, on real cgroup v1 memory groups and real processes.
+
+The measurement (workers' USS, their share of shared memory, the tightest limit from the
+job's group up, the node reserve) is checked against processes whose memory the test
+knows; end to end, a real controller under ``adaptive`` gives a loader job in a
+memory-limited group fewer workers than it would otherwise, says why in its log, and
+the job finishes without an OOM kill.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from controller.policies import JobView
+from controller.worker_memory import WorkerMemory, read_meminfo
+from fixtures.managed import REPO, ControllerProcess, JobProcess, wait_until
+
+MEMORY = Path("/sys/fs/cgroup/memory")
+MIB = 1 << 20
+NO_MEMORY_CGROUP = "needs root and a writable cgroup v1 memory hierarchy at /sys/fs/cgroup/memory"
+pytestmark = pytest.mark.skipif(
+    not (MEMORY / "memory.limit_in_bytes").exists() or not __import__("os").access(MEMORY, __import__("os").W_OK),
+    reason=NO_MEMORY_CGROUP,
+)
+
+# A parent that forks WORKERS children holding MB private MiB each, all in the group at GROUP.
+FORKING = """
+import os, sys, time
+group, workers, mb = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+open(os.path.join(group, "cgroup.procs"), "w").write(str(os.getpid()))
+for _ in range(workers):
+    if os.fork() == 0:
+        ballast = bytearray(mb << 20)
+        ballast[::4096] = b"\\1" * len(range(0, len(ballast), 4096))
+        time.sleep(120)
+        os._exit(0)
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def _group(path: Path, limit: int | None = None) -> Path:
+    path.mkdir()
+    if limit is not None:
+        (path / "memory.limit_in_bytes").write_text(str(limit))
+        (path / "memory.memsw.limit_in_bytes").write_text(str(limit))  # no swap to hide in: over it is an OOM
+    return path
+
+
+def _remove(path: Path) -> None:
+    for child in sorted(path.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if child.is_dir():
+            _drain(child)
+            child.rmdir()
+    if path.exists():
+        _drain(path)
+        path.rmdir()
+
+
+def _drain(group: Path) -> None:
+    deadline = time.monotonic() + 10
+    while (group / "cgroup.procs").read_text().split() and time.monotonic() < deadline:
+        for pid in (group / "cgroup.procs").read_text().split():
+            subprocess.run(["kill", "-9", pid], check=False)
+        time.sleep(0.1)
+
+
+@pytest.fixture
+def memory_group() -> Iterator[Path]:
+    path = MEMORY / f"adloader-test-{uuid.uuid4().hex[:8]}"
+    yield path
+    if path.exists():
+        _remove(path)
+
+
+def _pids(group: Path) -> set[int]:
+    return {int(pid) for path in [group, *group.rglob("*")] if path.is_dir()
+            for pid in (path / "cgroup.procs").read_text().split()}
+
+
+def _forking(group: Path, workers: int, mb: int) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", FORKING, str(group), str(workers), str(mb)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    wait_until(lambda: len(_pids(group)) == workers + 1, 10, "the workers in the group")
+    wait_until(lambda: int((group / "memory.usage_in_bytes").read_text()) > workers * mb * MIB, 20,
+               "the workers to touch their memory")
+    return proc
+
+
+def test_worker_uss_and_the_tightest_limit_up_the_tree_are_measured(memory_group: Path) -> None:
+    # the scheduler's group limits the job to 1 GiB; the job's own group below it sets none
+    scheduler = _group(memory_group, limit=1024 * MIB)
+    job = _group(scheduler / "job")
+    proc = _forking(job, workers=2, mb=100)
+    try:
+        pids = _pids(job)
+        memory = WorkerMemory(reserve_bytes=0)
+        first = memory.verdict(JobView(job_id="j", name="forks", ranks=1), pids)
+        assert first is not None and first.max_workers_per_rank == 2  # first sight: none added yet
+        verdict = memory.verdict(JobView(job_id="j", name="forks", ranks=1), pids)  # its cost held still
+        assert verdict is not None
+        assert verdict.cost.workers == 2  # the forks, not the parent
+        assert 100 * MIB <= verdict.cost.uss_bytes < 140 * MIB
+        assert str(scheduler) in verdict.room.limited_by and "1024 MiB" in verdict.room.limited_by
+        used = float((scheduler / "memory.usage_in_bytes").read_text())
+        assert 0 < verdict.room.bytes <= 1024 * MIB - used + 64 * MIB
+        margin = max(32 * MIB, 0.1 * verdict.room.bytes)
+        assert verdict.max_workers_per_rank == 2 + int((verdict.room.bytes - margin) // verdict.cost.per_worker)
+        assert 4 <= verdict.max_workers_per_rank <= 9  # ~800 MiB of room at ~100 MiB a worker
+        # two ranks share the job's workers
+        assert memory.verdict(JobView(job_id="j", name="forks", ranks=2), pids).max_workers_per_rank == \
+            verdict.max_workers_per_rank // 2
+        # a node reserve that leaves less room than the groups do is the tighter limit
+        available = read_meminfo()["MemAvailable"]
+        reserve = WorkerMemory(reserve_bytes=available - 150 * MIB)
+        reserve.verdict(JobView(job_id="j", name="f"), pids)
+        reserved = reserve.verdict(JobView(job_id="j", name="f"), pids)
+        assert reserved is not None and reserved.room.limited_by.startswith("node")
+        assert reserved.max_workers_per_rank <= 3
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_job_with_no_worker_yet_gets_no_more_workers_than_it_asked_for(memory_group: Path) -> None:
+    group = _group(memory_group, limit=512 * MIB)
+    proc = _forking(group, workers=0, mb=0)
+    try:
+        view = JobView(job_id="j", name="no-workers", requested_workers=3)
+        (annotated,) = WorkerMemory(reserve_bytes=0).annotate([view], {"j": _pids(group)})
+        assert annotated.max_workers == 3
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _working_set(group: Path) -> int:
+    stat = dict(line.split() for line in (group / "memory.stat").read_text().splitlines())
+    return int((group / "memory.usage_in_bytes").read_text()) - int(stat["total_inactive_file"])
+
+
+def test_a_job_whose_workers_would_exceed_its_limit_gets_fewer_and_is_never_oom_killed(
+    memory_group: Path, start_controller: Callable[..., ControllerProcess], tmp_path: Path,
+) -> None:
+    worker_mb = 200
+    job_command = (sys.executable, str(REPO / "tests" / "loader_job.py"), "--out", str(tmp_path / "out"),
+                   "--workers", "1", "--worker-mb", str(worker_mb), "--compute-s", "0", "--samples", "200",
+                   "--batch-size", "4", "--seconds", "600", "--stop-file", str(tmp_path / "stop"))
+
+    def in_group(group: Path) -> tuple[str, ...]:
+        return ("sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$@"', "sh", *job_command)
+
+    # how much the job holds with its one worker, measured in a group of its own without a limit
+    calibration = _group(memory_group)
+    probe = subprocess.Popen(in_group(calibration), cwd=REPO)
+    try:
+        wait_until(lambda: _working_set(calibration) > worker_mb * MIB and (tmp_path / "out").parent.exists(),
+                   120, "the calibration job's worker to hold its memory")
+        time.sleep(3)
+        base = _working_set(calibration)
+    finally:
+        probe.kill()
+        probe.wait()
+    _drain(calibration)
+    calibration.rmdir()
+    # room for one more worker, not for the three adaptive gives a lone loading-bound job on two cores
+    limited = _group(memory_group, limit=int(base + 1.5 * worker_mb * MIB + 40 * MIB))
+
+    controller = start_controller("--policy", "adaptive", "--cpus", "0-1", "--memory-reserve", "0")
+    job: JobProcess = controller.run(*in_group(limited), name="memory-bound")
+    snapshot = controller.registered(job, timeout=60)
+    wait_until(lambda: "memory fits" in controller.log(), 90, "the controller to measure the job's workers")
+    time.sleep(8)  # a few control periods with the cap in force
+    (tmp_path / "stop").write_text("")
+    assert job.wait(timeout=120) == 0, job.output()
+    log = controller.log()
+    assert f"job {snapshot.job_id} (memory-bound): memory fits 2 workers per rank" in log, log
+    assert "oom_kill 0" in (limited / "memory.oom_control").read_text()
+    final = (tmp_path / "out" / "rank0.json").read_text()
+    assert '"num_workers": 2' in final or '"num_workers": 1' in final, final
