@@ -11,6 +11,10 @@ worker target is applied to the *active* loader only, the one that delivered
 batches most recently, which is the one the job is waiting on; ``num_workers``
 and ``batch_size`` in the report are that loader's.
 
+When the process exits normally, one last report carries the final counters, so the
+controller (and the node's job history) counts every sample the job trained on,
+not only those up to the last periodic report.
+
 A missing or restarted controller never breaks training: the reporter logs
 one INFO line when the controller goes away and one when it is back, retries
 with a backoff of up to ``MAX_BACKOFF_S``, and the loaders keep their last
@@ -18,6 +22,7 @@ worker count meanwhile.
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -34,6 +39,8 @@ log = logging.getLogger(__name__)
 INTERVAL_S = 1.0
 FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 5.0
+FINAL_REPORT_TIMEOUT_S = 2.0
+"""How long the last report at exit may hold the process up when the controller is slow."""
 
 
 class Reportable(Protocol):
@@ -95,6 +102,24 @@ class Reporter:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
         self._client.close()
+
+    def finish(self) -> None:
+        """Stop the thread and send the final counters on a fresh connection (the thread may
+        be stuck on the old one). Registered to run at interpreter exit; quiet if no
+        controller answers."""
+        if os.getpid() != self.pid:  # a forked child inherits the registration, not the job's counters
+            return
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=FINAL_REPORT_TIMEOUT_S)
+        self._client.close()
+        if self._thread is None:
+            return
+        try:
+            with ControllerClient(self.socket_path, timeout=FINAL_REPORT_TIMEOUT_S) as client:
+                client.request(self.build_report())
+        except (ControllerUnavailable, ControllerRefused) as exc:
+            log.debug("adloader: the final report was not delivered: %s", exc)
 
     def build_report(self) -> protocol.Report:
         """The report for now: summed counters, the active loader's worker count and batch size."""
@@ -205,6 +230,7 @@ def attach(loader: Reportable, environ: Mapping[str, str] | None = None) -> Repo
                 str(paths.default_socket_path(environ)), env.job_id(environ) or "", env.rank(environ),
                 env.world_size(environ),
             )
+            atexit.register(_reporter.finish)
         reporter = _reporter
     reporter.add(loader)
     return reporter

@@ -2,11 +2,16 @@
 
 Most training jobs recur (A-SRPT's observation): the same script with the same model
 and batch size, day after day. A finished job's features, predicted and measured
-max throughput M, loader CPU seconds p and bytes b per sample, sample count, duration
-and loading curve go into an SQLite file in the controller's state directory. A job
-that registers again with the same name and features gets its expected length and
-its curves from here, and the predictor corrects its model with the ratios of
-measured to predicted M of everything this node has run.
+max throughput M, loader CPU seconds p and bytes b per sample, sample count, duration,
+loading curve and exit status go into an SQLite file in the controller's state
+directory. A job that registers again with the same name and features gets its
+expected length and its curves from here, and the predictor corrects its model with
+the ratios of measured to predicted M of everything this node has run.
+
+Only a run that completed (exit code 0) says how long the job is: a run that failed,
+was killed, or whose launcher vanished without telling its exit code, stopped at some
+sample count that is not the job's length. Its measurements of M, p, b and the loading
+curve still count: they were measured while it ran.
 
 SQLite from the standard library; one short connection per call (the controller calls
 this a few times per job, never per control step). A corrupt file is moved aside and a
@@ -30,7 +35,8 @@ from controller.snapshot import JobSnapshot
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""2 added ``exit_code``; version 1 files are migrated, their runs' exit status unknown."""
 MAX_RECORDS = 20000
 """Oldest records beyond this many are dropped."""
 VOLATILE_FEATURES = frozenset({"gpus", "allreduce_bytes"})
@@ -53,7 +59,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     samples INTEGER NOT NULL,
     duration_s REAL NOT NULL,
     loading_curve TEXT NOT NULL DEFAULT '[]',
-    finished_at REAL NOT NULL
+    finished_at REAL NOT NULL,
+    exit_code INTEGER
 );
 CREATE INDEX IF NOT EXISTS jobs_identity ON jobs (name, features_key);
 CREATE INDEX IF NOT EXISTS jobs_features ON jobs (features_key);
@@ -80,12 +87,21 @@ class FinishedJob:
     bytes_per_sample: float | None = None
     loading_curve: tuple[tuple[float, float], ...] = ()
     """(cores, loading samples/s) knots of the job's fitted loading curve."""
+    exit_code: int | None = None
+    """The command's exit code as the launcher reported it (128+N: killed by signal N);
+    None when the launcher went away without reporting one."""
+
+    @property
+    def completed(self) -> bool:
+        """The run finished its work: only such runs say how long the job is."""
+        return self.exit_code == 0
 
     @classmethod
     def from_snapshot(
         cls,
         snapshot: JobSnapshot,
         *,
+        exit_code: int | None = None,
         features: Mapping[str, float] | None = None,
         loading_curve: Sequence[tuple[float, float]] = (),
         device: str = "",
@@ -112,16 +128,20 @@ class FinishedJob:
             cpu_s_per_sample=snapshot.loader_cpu_seconds_total / samples if samples else None,
             bytes_per_sample=snapshot.read_bytes_total / samples if samples else None,
             loading_curve=tuple((float(c), float(s)) for c, s in curve),
+            exit_code=exit_code,
         )
 
 
 @dataclass(frozen=True)
 class HistoryEstimate:
-    """What earlier runs of a job say about this one (medians over the matching runs)."""
+    """What earlier runs of a job say about this one (medians over the matching runs; the
+    length over the completed ones only)."""
 
     runs: int
-    samples: float
-    duration_s: float
+    completed_runs: int
+    samples: float | None
+    """Samples of a completed run; None when no earlier run completed."""
+    duration_s: float | None
     max_throughput: float | None
     """M in samples/s measured by earlier runs (at ``gpus`` GPUs)."""
     max_throughput_range: tuple[float, float] | None
@@ -182,8 +202,10 @@ class JobHistory:
     def _create(self) -> None:
         with closing(self._connect()) as connection, connection:
             version = connection.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, SCHEMA_VERSION):
+            if version not in (0, 1, SCHEMA_VERSION):
                 raise sqlite3.DatabaseError(f"schema version {version}, this controller writes {SCHEMA_VERSION}")
+            if version == 1:  # runs recorded before exit codes were: their status stays unknown (NULL)
+                connection.execute("ALTER TABLE jobs ADD COLUMN exit_code INTEGER")
             connection.executescript(_SCHEMA)
             connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
@@ -197,24 +219,26 @@ class JobHistory:
             finished.batch_size, _finite(finished.predicted_sps), _finite(finished.measured_sps),
             _finite(finished.cpu_s_per_sample), _finite(finished.bytes_per_sample), finished.samples,
             finished.duration_s, json.dumps([list(p) for p in finished.loading_curve]), finished.finished_at,
+            finished.exit_code,
         )
         with closing(self._connect()) as connection, connection:
             connection.execute(
                 "INSERT INTO jobs (job_id, name, features_key, features, device, gpus, batch_size, predicted_sps,"
-                " measured_sps, cpu_s_per_sample, bytes_per_sample, samples, duration_s, loading_curve, finished_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+                " measured_sps, cpu_s_per_sample, bytes_per_sample, samples, duration_s, loading_curve, finished_at,"
+                " exit_code) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
             connection.execute(
                 "DELETE FROM jobs WHERE id <= (SELECT id FROM jobs ORDER BY id DESC LIMIT 1 OFFSET ?)",
                 (self.max_records,))
-        log.info("job history: recorded %s (%s): %d samples in %.0f s, M measured %s", finished.job_id,
-                 finished.name, finished.samples, finished.duration_s,
+        log.info("job history: recorded %s (%s): %s, %d samples in %.0f s, M measured %s", finished.job_id,
+                 finished.name, _outcome(finished.exit_code), finished.samples, finished.duration_s,
                  f"{finished.measured_sps:.1f}/s" if finished.measured_sps else "unknown")
 
     # ------------------------------------------------------------------ reading
 
     def lookup(self, name: str, features: Mapping[str, float] | None) -> HistoryEstimate | None:
         """Earlier runs of the job ``name`` with the same features (any features when None);
-        None when it never ran here. Runs that processed no sample are ignored."""
+        None when it never ran here. Runs that processed no sample are ignored; the length
+        comes from completed runs only."""
         key = features_key(features)
         query = "SELECT * FROM jobs WHERE name = ? AND samples > 0"
         params: tuple[Any, ...] = (name,)
@@ -264,11 +288,18 @@ class JobHistory:
                 measured_sps=r["measured_sps"], cpu_s_per_sample=r["cpu_s_per_sample"],
                 bytes_per_sample=r["bytes_per_sample"],
                 loading_curve=tuple((float(c), float(s)) for c, s in json.loads(r["loading_curve"])),
+                exit_code=r["exit_code"],
             )
 
 
 def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
+
+
+def _outcome(exit_code: int | None) -> str:
+    if exit_code is None:
+        return "exit status unknown (the launcher went away)"
+    return "completed" if exit_code == 0 else f"failed with exit code {exit_code}"
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -285,10 +316,12 @@ def _estimate(rows: list[sqlite3.Row]) -> HistoryEstimate:
         if points:
             curve = tuple((float(c), float(s)) for c, s in points)
             break
+    completed = [r for r in rows if r["exit_code"] == 0]
     return HistoryEstimate(
         runs=len(rows),
-        samples=float(statistics.median(r["samples"] for r in rows)),
-        duration_s=float(statistics.median(r["duration_s"] for r in rows)),
+        completed_runs=len(completed),
+        samples=float(statistics.median(r["samples"] for r in completed)) if completed else None,
+        duration_s=float(statistics.median(r["duration_s"] for r in completed)) if completed else None,
         max_throughput=statistics.median(measured) if measured else None,
         max_throughput_range=(min(measured), max(measured)) if measured else None,
         gpus=gpus,

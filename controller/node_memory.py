@@ -86,17 +86,16 @@ class NodeMemory:
         log.info("throughput predictor ready for device %s", self.device)
 
     def record(
-        self, snapshot: JobSnapshot, features: dict[str, float] | None, loading_curve: tuple[tuple[float, float], ...]
+        self, snapshot: JobSnapshot, features: dict[str, float] | None, loading_curve: tuple[tuple[float, float], ...],
+        exit_code: int | None,
     ) -> None:
-        """Store a finished job (only one that processed samples: an aborted start teaches nothing)."""
+        """Store a finished job with its exit status (only one that processed samples: an aborted
+        start teaches nothing)."""
         history = self.history
         if history is None or snapshot.samples_total <= 0:
             return
-        history.record(
-            FinishedJob.from_snapshot(snapshot, features=features, loading_curve=loading_curve, device=self.device)
-        )
-        log.info("job %s (%s) recorded in the node's history: %d samples", snapshot.job_id, snapshot.name,
-                 snapshot.samples_total)
+        history.record(FinishedJob.from_snapshot(snapshot, exit_code=exit_code, features=features,
+                                                 loading_curve=loading_curve, device=self.device))
 
     def recall(self, name: str, features: dict[str, float] | None) -> Recollection | None:
         """What earlier runs of the same job (same name and features) measured, or None."""

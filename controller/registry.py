@@ -34,8 +34,10 @@ log = logging.getLogger(__name__)
 
 Predictor = Callable[[dict[str, float], int], "tuple[float, float, float] | None"]
 """(features, gpus) -> (M, low, high) samples/s, or None when it cannot tell."""
-JobFinishedHook = Callable[[JobSnapshot, "dict[str, float] | None", "tuple[tuple[float, float], ...]"], None]
-"""(final snapshot, the job's model features, its fitted loading-curve points): the job history's input."""
+JobFinishedHook = Callable[
+    [JobSnapshot, "dict[str, float] | None", "tuple[tuple[float, float], ...]", "int | None"], None]
+"""(final snapshot, the job's model features, its fitted loading-curve points, its exit code or None
+if the launcher went away without one): the job history's input."""
 Recall = Callable[[str, "dict[str, float] | None"], "Recollection | None"]
 """(name, features) -> what earlier runs of the same job measured, or None (not a recurring job)."""
 
@@ -213,7 +215,7 @@ class Registry:
         final = self.snapshot(job, pids=pids, cpu_seconds=cpu_seconds)
         if self._on_job_finished is not None:
             try:
-                self._on_job_finished(final, job.features, tuple(job.loading_curve.points()))
+                self._on_job_finished(final, job.features, tuple(job.loading_curve.points()), job.exit_code)
             except Exception:  # a history bug must not stop the controller from freeing the job
                 log.exception("on_job_finished hook failed for job %s", job_id)
         return final

@@ -38,8 +38,9 @@ def test_round_trip_through_a_real_sqlite_file(tmp_path, mlp_features) -> None:
     history = JobHistory(path)
     curve = ((1.0, 400.0), (2.0, 700.0))
     for samples, measured, end in [(10_000, 900.0, 1100.0), (12_000, 1000.0, 1130.0), (11_000, 950.0, 1120.0)]:
-        history.record(FinishedJob.from_snapshot(_snapshot("resnet", samples, measured), features=mlp_features,
-                                                 loading_curve=curve, device="cpu", finished_at=end))
+        history.record(FinishedJob.from_snapshot(_snapshot("resnet", samples, measured), exit_code=0,
+                                                 features=mlp_features, loading_curve=curve, device="cpu",
+                                                 finished_at=end))
     reopened = JobHistory(path)  # a restarted controller sees the same history
     assert len(reopened) == 3
     estimate = reopened.lookup("resnet", mlp_features)
@@ -54,7 +55,7 @@ def test_round_trip_through_a_real_sqlite_file(tmp_path, mlp_features) -> None:
     assert estimate.loading_curve == curve
     stored = list(reopened)
     assert stored[0].features == mlp_features
-    assert stored[0].device == "cpu"
+    assert stored[0].device == "cpu" and stored[0].exit_code == 0 and stored[0].completed
     with sqlite3.connect(path) as connection:  # it is a plain SQLite file an operator can query
         assert connection.execute("SELECT COUNT(*) FROM jobs WHERE name = 'resnet'").fetchone()[0] == 3
 
@@ -76,6 +77,46 @@ def test_runs_without_samples_do_not_count(tmp_path, mlp_features) -> None:
     history.record(FinishedJob.from_snapshot(_snapshot("crashed", 0, None), features=mlp_features, finished_at=1001.0))
     assert history.lookup("crashed", mlp_features) is None
     assert len(history) == 1
+
+
+def test_only_completed_runs_give_the_length_but_every_run_its_measurements(tmp_path, mlp_features) -> None:
+    history = JobHistory(tmp_path / "h.sqlite")
+    runs = [(8_000, 0, 1100.0), (3_100, 1, 1040.0), (5_200, 137, 1060.0), (2_000, None, 1020.0), (8_000, 0, 1090.0)]
+    for samples, exit_code, end in runs:  # completed, failed, killed (SIGKILL), launcher vanished, completed
+        history.record(FinishedJob.from_snapshot(_snapshot("bert", samples, 500.0 + samples / 1000),
+                                                 exit_code=exit_code, features=mlp_features, finished_at=end))
+    estimate = history.lookup("bert", mlp_features)
+    assert (estimate.runs, estimate.completed_runs, estimate.samples) == (5, 2, 8_000)
+    assert estimate.duration_s == pytest.approx(95.0)  # the completed runs' 100 s and 90 s
+    assert estimate.max_throughput == pytest.approx(505.2)  # the median over all five runs' measured M
+    assert [run.exit_code for run in history] == [0, 1, 137, None, 0]
+
+    history.record(FinishedJob.from_snapshot(_snapshot("flaky", 4_000, 300.0), exit_code=1, features=mlp_features,
+                                             finished_at=1010.0))
+    flaky = history.lookup("flaky", mlp_features)
+    assert (flaky.completed_runs, flaky.samples, flaky.duration_s) == (0, None, None) and flaky.max_throughput == 300.0
+
+
+def test_a_version_1_history_is_migrated_with_exit_status_unknown(tmp_path, mlp_features) -> None:
+    path = tmp_path / "h.sqlite"
+    with sqlite3.connect(path) as connection:  # the schema as version 1 wrote it
+        connection.executescript("""
+            CREATE TABLE jobs (id INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, name TEXT NOT NULL,
+                features_key TEXT, features TEXT, device TEXT NOT NULL DEFAULT '', gpus INTEGER NOT NULL,
+                batch_size INTEGER, predicted_sps REAL, measured_sps REAL, cpu_s_per_sample REAL,
+                bytes_per_sample REAL, samples INTEGER NOT NULL, duration_s REAL NOT NULL,
+                loading_curve TEXT NOT NULL DEFAULT '[]', finished_at REAL NOT NULL);
+            INSERT INTO jobs (job_id, name, gpus, measured_sps, samples, duration_s, finished_at)
+                VALUES ('j1', 'old', 1, 200.0, 7800, 60.0, 1060.0);
+            PRAGMA user_version = 1;
+        """)
+    history = JobHistory(path)
+    (old,) = list(history)
+    assert old.exit_code is None and not old.completed
+    estimate = history.lookup("old", None)
+    assert (estimate.runs, estimate.completed_runs, estimate.samples, estimate.max_throughput) == (1, 0, None, 200.0)
+    history.record(FinishedJob.from_snapshot(_snapshot("old", 8_000, 210.0), exit_code=0, finished_at=1100.0))
+    assert history.lookup("old", None).samples == 8_000
 
 
 def test_oldest_records_are_dropped_beyond_the_bound(tmp_path, mlp_features) -> None:

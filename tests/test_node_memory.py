@@ -33,12 +33,16 @@ def _features_file(tmp_path: Path) -> tuple[Path, dict[str, float]]:
 def test_prediction_history_and_recurrence_end_to_end(
     start_controller: Callable[..., ControllerProcess], tmp_path: Path
 ) -> None:
+    """A completed run gives its exact sample count and length to the next run of the same job;
+    a killed run is recorded with its exit status and changes neither."""
     controller = start_controller("--policy", "even", "--cpus", "0", "--device", "cpu")
     features_path, features = _features_file(tmp_path)
     options = ("--model-features", str(features_path))
     # Each job trains until the test stops it: on a loaded machine the model's first load can
     # take longer than a short job lives.
-    command = (sys.executable, REPORTING_JOB, "--seconds", "600", "--compute-s", "0.01")
+    stop = tmp_path / "stop"
+    command = (sys.executable, REPORTING_JOB, "--seconds", "600", "--compute-s", "0.01", "--report-every", "1",
+               "--stop-file", str(stop))
 
     first = controller.run(*command, name="mlp", options=options)
     controller.registered(first)
@@ -51,20 +55,30 @@ def test_prediction_history_and_recurrence_end_to_end(
     assert low is not None and high is not None and low <= snapshot.max_sps_predicted <= high
     wait_until(lambda: any(j.launcher_pid == first.pid and j.samples_total > 0 for j in controller.status().jobs),
                30.0, "the first job's reports")
-    first.signal(signal.SIGTERM)
-    assert first.wait() == 128 + signal.SIGTERM
+    stop.touch()
+    assert first.wait() == 0, first.output()
+    trained = int(first.output()[0].split("samples=")[1])
+    stop.unlink()
 
     history = JobHistory(controller.state_dir / HISTORY_FILE)
     recorded = wait_until(lambda: history.lookup("mlp", features), 10.0, "the finished job in the history")
-    assert recorded.runs == 1 and recorded.samples > 0 and recorded.max_throughput
+    assert (recorded.runs, recorded.completed_runs) == (1, 1) and recorded.max_throughput
+    assert recorded.samples == trained  # exactly: the job's last report carries its final count
 
     second = controller.run(*command, name="mlp", options=options)
     again = controller.registered(second)
-    assert "recurs: expecting" in controller.log()
+    assert f"recurs: expecting {trained} samples" in controller.log()
     # The recurring job's first estimate is the M its earlier run measured, not the model's.
     assert again.max_sps_predicted == pytest.approx(recorded.max_throughput)
+    wait_until(lambda: any(j.launcher_pid == second.pid and j.samples_total > 0 for j in controller.status().jobs),
+               30.0, "the second job's reports")
     second.signal(signal.SIGTERM)
     assert second.wait() == 128 + signal.SIGTERM
+
+    wait_until(lambda: len(history) == 2, 10.0, "the killed job in the history")
+    assert [run.exit_code for run in history] == [0, 128 + signal.SIGTERM]
+    after = history.lookup("mlp", features)
+    assert (after.runs, after.completed_runs, after.samples) == (2, 1, trained)  # the killed run's count is no length
 
 
 def test_an_unwritable_state_dir_leaves_prediction_working_without_history(tmp_path: Path) -> None:

@@ -172,7 +172,7 @@ def test_snapshots_sum_ranks_and_the_idle_ratio_follows_achieved_over_max(clock:
 
 
 def test_persisted_jobs_are_adopted_disconnected_and_the_history_hook_gets_the_final_snapshot(clock: Clock) -> None:
-    finished: list[tuple[JobSnapshot, object, object]] = []
+    finished: list[tuple[JobSnapshot, object, object, object]] = []
     registry = _registry(clock, on_job_finished=lambda *args: finished.append(args))
     _register(registry, requested_workers=4, features={"flops": 1.0})
     registry.set_allocation("j1", JobAllocation(cores=1.0, workers=1))
@@ -182,12 +182,13 @@ def test_persisted_jobs_are_adopted_disconnected_and_the_history_hook_gets_the_f
     assert (job.connected, job.adopted, job.allocation, job.requested_workers) == (
         False, True, JobAllocation(cores=1.0, workers=1), 4)
     assert restarted.persisted() == saved
+    registry.end("j1", 3)
     final = registry.remove("j1", pids=set(), cpu_seconds=9.5)
-    assert finished == [(final, {"flops": 1.0}, ())] and final is not None and final.cpu_seconds_total == 9.5 and "j1" not in registry
+    assert finished == [(final, {"flops": 1.0}, (), 3)] and final is not None and final.cpu_seconds_total == 9.5 and "j1" not in registry
 
 
 def test_a_failing_history_hook_does_not_keep_the_job(clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
-    def broken(snapshot: JobSnapshot, features: object, curve: object) -> None:
+    def broken(snapshot: JobSnapshot, features: object, curve: object, exit_code: object) -> None:
         raise OSError("disk full")
 
     registry = _registry(clock, on_job_finished=broken)

@@ -13,6 +13,8 @@ import torch
 
 from adloader import DataLoader
 from adloader.reporter import Reporter
+from controller.history import JobHistory
+from controller.node_memory import HISTORY_FILE
 
 from fixtures.managed import REPO, ControllerProcess, base_environment, wait_until
 
@@ -47,6 +49,10 @@ def test_a_job_reports_its_loader_and_follows_the_worker_target(controller: Cont
     assert result["num_workers"] == snap.workers_target
     assert all(epoch == list(range(400)) for epoch in result["epochs"])
     assert result["counters"]["samples"] == 400 * len(result["epochs"])
+    # The reporter's last report at exit makes the node's history count every sample, exactly.
+    history = JobHistory(controller.state_dir / HISTORY_FILE)
+    (recorded,) = wait_until(lambda: list(history), 10.0, "the finished job in the node's history")
+    assert (recorded.job_id, recorded.exit_code, recorded.samples) == (job_id, 0, result["counters"]["samples"])
 
 
 @pytest.mark.slow
