@@ -142,6 +142,7 @@ class Controller:
 
     async def _shut_down(self) -> None:
         await self.server.stop()
+        self._reap()  # jobs that ended since the last step leave no group behind
         for job in self.registry:
             try:
                 self.backend.release(job.job_id)
@@ -302,7 +303,7 @@ class Controller:
         peer = connection.peer
         job_id = self.registry.new_job_id()
         try:
-            cgroup = self.backend.create(job_id)
+            cgroup = self.backend.create(job_id, near_pid=peer.pid)  # nested below the launcher's cgroups
             self.backend.attach(job_id, peer.pid)
         except BackendError as exc:
             self.backend_failures += 1

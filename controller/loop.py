@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
 from controller import faults
@@ -74,7 +74,9 @@ class ControlLoop:
         registry.predict_pending()
         registry.observe_loading(self._cpu_seconds(registry))
         events = set(events)
-        views = self.change_clock.annotate(registry.views(self.applied), events)
+        views = self.change_clock.annotate(
+            [replace(view, levers=self._levers(view.job_id)) for view in registry.views(self.applied)], events
+        )
         if self.worker_memory is not None:
             views = self.worker_memory.annotate(views, self._pids(views))
         wanted = {view.job_id: JobAllocation() for view in views}
@@ -117,6 +119,10 @@ class ControlLoop:
             except BackendError:
                 continue
         return pids
+
+    def _levers(self, job_id: str) -> frozenset[str]:
+        """What acts on the job where it is placed: the policy plans only on these."""
+        return self.backend.placement(job_id).capabilities
 
     def _cpu_seconds(self, registry: Registry) -> dict[str, float] | None:
         """Each job's group CPU time, when the backend accounts for it (None otherwise)."""

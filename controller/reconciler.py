@@ -78,20 +78,31 @@ def reconcile(
 def _enforceable_fields(
     backend: ResourceBackend, node: NodeResources, job_id: str, want: JobAllocation
 ) -> list[tuple[str, Any, Callable[[Any], None]]]:
-    """(field, target value, setter) for each field this backend can enforce on this node."""
+    """(field, target value, setter) for each field that acts on this job where it is placed
+    (``backend.placement(job_id).capabilities``: a lever that does nothing there is skipped)."""
+    placement = backend.placement(job_id)
+    levers = placement.capabilities
     fields: list[tuple[str, Any, Callable[[Any], None]]] = []
-    if "cpu_quota" in backend.capabilities:
+    if "cpu_quota" in levers:
         fields.append(("cores", want.cores, lambda cores: backend.set_cpu_quota(job_id, cores)))
-    if "cpu_weight" in backend.capabilities:
+    if "cpu_weight" in levers:
         fields.append(("cpu_weight", want.cpu_weight, lambda weight: backend.set_cpu_weight(job_id, weight)))
-    if "cpuset" in backend.capabilities:
-        # The managed CPUs always confine jobs: "no cpuset wanted" means all of them, not the whole machine.
-        cpus = tuple(sorted(set(want.cpus if want.cpus is not None else node.cpus)))
-        fields.append(("cpus", cpus, lambda cpus: backend.set_cpuset(job_id, cpus)))
-    if "read_bps" in backend.capabilities and node.read_device is not None:
+    if "cpuset" in levers:
+        fields.append(("cpus", _cpus_within(node, want, placement.allowed_cpus),
+                       lambda cpus: backend.set_cpuset(job_id, cpus)))
+    if "read_bps" in levers and node.read_device is not None:
         device = node.read_device
         fields.append(("read_bps", want.read_bps, lambda bps: backend.set_read_bps(job_id, device, bps)))
     return fields
+
+
+def _cpus_within(node: NodeResources, want: JobAllocation, allowed: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The job's CPUs: the wanted ones (no cpuset wanted means all managed CPUs, not the whole
+    machine), always inside what its scheduler gave it; the scheduler's own set if they share none."""
+    cpus = set(want.cpus if want.cpus is not None else node.cpus)
+    if allowed is not None:
+        cpus = (cpus & set(allowed)) or set(allowed)
+    return tuple(sorted(cpus))
 
 
 def _same(field: str, old: Any, new: Any) -> bool:

@@ -29,9 +29,10 @@ _BALLAST: list[bytearray] = []
 
 
 class Work(Dataset):
-    def __init__(self, n: int, worker_mb: int = 0) -> None:
+    def __init__(self, n: int, worker_mb: int = 0, work: int = 3000) -> None:
         self.n = n
         self.worker_mb = worker_mb
+        self.work = work
 
     def __len__(self) -> int:
         return self.n
@@ -41,7 +42,7 @@ class Work(Dataset):
             ballast = bytearray(self.worker_mb << 20)
             ballast[::4096] = b"\1" * len(range(0, len(ballast), 4096))  # touch every page: private memory
             _BALLAST.append(ballast)
-        sum(range(3000))  # a little CPU per sample
+        sum(range(self.work))  # CPU per sample
         return torch.tensor([i])
 
 
@@ -51,6 +52,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--samples", type=int, default=400)
     parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--work", type=int, default=3000, help="CPU per sample: sum(range(WORK))")
     parser.add_argument("--compute-s", type=float, default=0.01, help="emulated GPU time per step")
     parser.add_argument("--seconds", type=float, default=5.0, help="run whole epochs for this long at most")
     parser.add_argument("--stop-file", type=Path, default=None,
@@ -70,8 +72,10 @@ def main() -> int:
         total = torch.tensor([1])
         dist.all_reduce(total)
         assert int(total) == dist.get_world_size()
-        sampler = torch.utils.data.distributed.DistributedSampler(Work(args.samples), shuffle=True, seed=3)
-    loader = DataLoader(Work(args.samples, args.worker_mb), batch_size=args.batch_size, num_workers=args.workers, sampler=sampler,
+        sampler = torch.utils.data.distributed.DistributedSampler(Work(args.samples, work=args.work), shuffle=True,
+                                                                  seed=3)
+    loader = DataLoader(Work(args.samples, args.worker_mb, args.work), batch_size=args.batch_size,
+                        num_workers=args.workers, sampler=sampler,
                         persistent_workers=True)
     epochs, pids = [], set()
     deadline = time.monotonic() + args.seconds

@@ -95,7 +95,7 @@ def test_release_lifts_every_limit_but_keeps_the_group(backend: CgroupV1Backend,
     assert backend.pids("job-a") == {sleeper.pid}
 
 
-def test_remove_moves_live_pids_to_the_parent_group_and_is_idempotent(
+def test_remove_moves_live_pids_back_where_they_came_from_and_is_idempotent(
     backend: CgroupV1Backend, children: Children
 ) -> None:
     backend.create("job-a")
@@ -103,8 +103,8 @@ def test_remove_moves_live_pids_to_the_parent_group_and_is_idempotent(
     backend.attach("job-a", sleeper.pid)
     backend.remove("job-a")
     for hierarchy in HIERARCHIES:
-        assert not (ROOT / hierarchy / backend.group / "job-a").exists()
-        assert sleeper.pid in read_pid_list(ROOT / hierarchy / backend.group / "cgroup.procs")
+        assert not (ROOT / hierarchy / backend.group).exists(), "the last job's removal removes the group too"
+        assert sleeper.pid in read_pid_list(ROOT / hierarchy / "cgroup.procs")
     assert sleeper.poll() is None, "removing the group must not kill the job"
     backend.remove("job-a")
     assert backend.existing_jobs() == []

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import psutil
 
-from controller.backends.base import BackendError
+from controller.backends.base import BackendError, Placement
+from controller.backends.placement import cgroups_of, detect_scheduler
 
 
 @dataclass
@@ -25,6 +26,8 @@ class _Job:
     """The attached processes; psutil.Process notices when a pid is reused by another process."""
     cpus: tuple[int, ...] | None = None
     """The set last applied (None: the controller's own CPUs)."""
+    scheduler: str = "none"
+    """Who made the cgroups the job was started in (the processes stay there)."""
 
 
 class AffinityBackend:
@@ -71,9 +74,16 @@ class AffinityBackend:
                 raise BackendError(f"setting the CPU affinity of pid {process.pid} to {cpus} failed: {exc}") from exc
 
     # -- ResourceBackend ----------------------------------------------------------------------
-    def create(self, job_id: str) -> str:
-        self._jobs.setdefault(job_id, _Job())
+    def create(self, job_id: str, near_pid: int | None = None) -> str:
+        job = self._jobs.setdefault(job_id, _Job())
+        if near_pid is not None:
+            job.scheduler = detect_scheduler(cgroups_of(near_pid, self._proc).values())
         return f"affinity:{job_id}"
+
+    def placement(self, job_id: str) -> Placement:
+        """No group of its own: the job's processes stay wherever their scheduler put them."""
+        job = self._jobs.get(job_id)
+        return Placement(scheduler=job.scheduler if job else "none", capabilities=self.capabilities)
 
     def attach(self, job_id: str, pid: int) -> None:
         job = self._job(job_id)

@@ -7,7 +7,8 @@ calls the ``set_*`` methods only for values that changed.
 """
 from __future__ import annotations
 
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Mapping, Protocol
 
 from adloader.errors import AdloaderError
 
@@ -16,14 +17,36 @@ class BackendError(AdloaderError):
     """The kernel refused a change or a cgroup is missing; the message says which file and what to do."""
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Where one job's group sits and what can be enforced on it there (nested placement)."""
+
+    scheduler: str = "none"
+    """Who made the cgroup the job was started in: "slurm", "kubernetes", "systemd" or "none"."""
+    paths: Mapping[str, str] = field(default_factory=dict)
+    """The job group's path in each hierarchy it manages, as /proc/PID/cgroup shows it
+    ("cpu", "cpuset", ... on v1; "unified" on v2)."""
+    capabilities: frozenset[str] = frozenset()
+    """The levers that act on this job: the backend's capabilities less those its parent
+    cannot give (a v2 parent that does not offer a controller) or that do not reach the
+    other jobs (CPU weights act only between jobs with the same parent)."""
+    allowed_cpus: tuple[int, ...] | None = None
+    """The CPUs the scheduler gave the job (its parent's effective cpuset); None: unknown or all."""
+
+
 class ResourceBackend(Protocol):
     name: str
     """"cgroup-v1", "cgroup-v2" or "affinity"."""
     capabilities: frozenset[str]
     """Subset of {"cpu_quota", "cpu_weight", "cpuset", "read_bps", "cpu_accounting", "groups"}: what it can enforce."""
 
-    def create(self, job_id: str) -> str:
-        """Create the job's group (idempotent: an existing one is adopted). Returns its path for display."""
+    def create(self, job_id: str, near_pid: int | None = None) -> str:
+        """Create the job's group (idempotent: an existing one is adopted) below the cgroup
+        ``near_pid`` is in, in each hierarchy (None: the root, or where an adopted group
+        already is). Returns its path for display."""
+
+    def placement(self, job_id: str) -> Placement:
+        """Where the job's group is, the scheduler that made its parent, and the levers that act on it."""
 
     def attach(self, job_id: str, pid: int) -> None:
         """Move ``pid`` into the job's group; its future children are born inside."""

@@ -1,6 +1,7 @@
 """cgroup v1 backend: one group per job in each of the cpu, cpuacct, cpuset and blkio hierarchies.
 
-A job's group is ``<root>/<hierarchy>/<group>/<job_id>``. Values go through
+A job's group is ``<root>/<hierarchy>/<parent>/<group>/<job_id>``, ``<parent>`` the
+cgroup the launcher was in (nested placement, see placement.py; ``/`` on a bare node). Values go through
 cgroupspy's typed controller files (cpu.cfs_quota_us, cpuacct.usage,
 cpuset.cpus/mems, blkio.throttle.read_bps_device). A hierarchy that is not
 mounted drops the capability it provides instead of failing the whole backend.
@@ -12,7 +13,7 @@ from pathlib import Path
 from cgroupspy.contenttypes import DeviceThrottle
 from cgroupspy.nodes import Node
 
-from controller.backends.base import BackendError
+from controller.backends.base import BackendError, Placement
 from controller.backends.cgroupfs import (
     CFS_PERIOD_US,
     check_bps,
@@ -23,8 +24,11 @@ from controller.backends.cgroupfs import (
     parse_device,
     quota_us,
     read_pid_list,
+    remove_if_unused,
     shares_of,
 )
+from controller.backends.placement import cgroups_of, detect_scheduler, find_job_groups, parent_below, relative
+from controller.cpuspec import CpuSpecError, parse_cpus
 
 _CAPABILITY_OF_HIERARCHY = {
     "cpu": "cpu_quota",
@@ -43,7 +47,6 @@ class CgroupV1Backend:
         self.group = check_name(group, "cgroup name")
         self.root = Path(root)
         self._proc = Path(proc)
-        self._nodes: dict[tuple[str, str | None], Node] = {}
         if not (self.root / "cpu").is_dir():
             raise BackendError(
                 f"no cgroup v1 cpu hierarchy at {self.root / 'cpu'}: mount it "
@@ -54,24 +57,36 @@ class CgroupV1Backend:
             {"groups"} | {_CAPABILITY_OF_HIERARCHY[h] for h in self._hierarchies}
             | ({"cpu_weight"} if "cpu" in self._hierarchies else set())
         )
+        self._jobs: dict[str, dict[str, Node]] = {}
+        """Each placed job's group node per hierarchy. Nodes are only paths, so they are built
+        once: every control step reads each job's CPU time, and rebuilding the chain each time
+        was most of the controller's CPU."""
+        self._found: dict[str, dict[str, Path]] = {}
+        """Job groups found by existing_jobs() (left by an earlier controller), not yet placed."""
+        self._schedulers: dict[str, str] = {}
 
     # -- paths -------------------------------------------------------------------------------
-    def _node(self, hierarchy: str, job_id: str | None = None) -> Node:
-        """The cgroupspy node of the group (or of the job's group when ``job_id`` is given).
-        Nodes are only paths, so they are built once: every control step reads each job's
-        CPU time, and rebuilding the chain each time was most of the controller's CPU."""
-        key = (hierarchy, job_id)
-        node = self._nodes.get(key)
-        if node is None:
-            if job_id is None:
-                node = Node(self.group, parent=Node(hierarchy, parent=Node(str(self.root))))
-            else:
-                node = Node(check_name(job_id), parent=self._node(hierarchy))
-            self._nodes[key] = node
+    def _node_at(self, hierarchy: str, path: str) -> Node:
+        node = Node(hierarchy, parent=Node(str(self.root)))
+        for part in path.strip("/").split("/"):
+            if part:
+                node = Node(part, parent=node)
         return node
 
-    def _dir(self, hierarchy: str, job_id: str | None = None) -> Path:
-        return Path(self._node(hierarchy, job_id).full_path.decode())
+    def _job_nodes(self, job_id: str) -> dict[str, Node]:
+        """The job's group per hierarchy: where it was placed, where an earlier controller left
+        it, or (never created) where a bare node would put it."""
+        nodes = self._jobs.get(job_id)
+        if nodes is not None:
+            return nodes
+        found = self._found.get(job_id, {})
+        return {
+            h: self._node_at(h, relative(found[h], self.root / h) if h in found else f"/{self.group}/{check_name(job_id)}")
+            for h in self._hierarchies
+        }
+
+    def _job_node(self, hierarchy: str, job_id: str) -> Node:
+        return self._job_nodes(job_id)[hierarchy]
 
     def _require(self, capability: str, hierarchy: str) -> None:
         if hierarchy not in self._hierarchies:
@@ -81,47 +96,79 @@ class CgroupV1Backend:
             )
 
     # -- ResourceBackend ----------------------------------------------------------------------
-    def create(self, job_id: str) -> str:
+    def create(self, job_id: str, near_pid: int | None = None) -> str:
         check_name(job_id)
-        for hierarchy in self._hierarchies:
-            parent = self._node(hierarchy)
-            for node in (parent, self._node(hierarchy, job_id)):
-                with kernel_call(node.full_path, f"creating the {hierarchy} group"):
-                    # mkdir rather than cgroupspy's create_cgroup, which keeps a list of the
-                    # children it made on the (cached) parent node and refuses to repeat one.
-                    Path(node.full_path.decode()).mkdir(exist_ok=True)
-                    if hierarchy == "cpuset":
-                        _inherit_cpuset(node)
-                    if hierarchy == "cpu" and node.controller.cfs_period_us != CFS_PERIOD_US:
-                        node.controller.cfs_period_us = CFS_PERIOD_US
-        return str(self._dir("cpu", job_id))
+        if job_id not in self._jobs:
+            current = cgroups_of(near_pid, self._proc) if near_pid is not None else {}
+            if job_id in self._found:
+                nodes = self._job_nodes(job_id)
+            else:
+                nodes = {
+                    h: self._node_at(h, f"{parent_below(current.get(h, '/'), self.group)}/{self.group}/{job_id}")
+                    for h in self._hierarchies
+                }
+            for hierarchy, job_node in nodes.items():
+                for node in (job_node.parent, job_node):
+                    with kernel_call(node.full_path, f"creating the {hierarchy} group"):
+                        # mkdir rather than cgroupspy's create_cgroup, which keeps a list of the
+                        # children it made on the (cached) parent node and refuses to repeat one.
+                        Path(node.full_path.decode()).mkdir(exist_ok=True)
+                        if hierarchy == "cpuset":
+                            _inherit_cpuset(node)
+                        if hierarchy == "cpu" and node.controller.cfs_period_us != CFS_PERIOD_US:
+                            node.controller.cfs_period_us = CFS_PERIOD_US
+            self._jobs[job_id] = nodes
+            self._found.pop(job_id, None)
+            paths = list(current.values()) + [n.path.decode() for n in nodes.values()]
+            self._schedulers[job_id] = detect_scheduler(paths)
+        return self._job_node("cpu", job_id).full_path.decode()
+
+    def placement(self, job_id: str) -> Placement:
+        nodes = self._job_nodes(job_id)
+        capabilities = set(self.capabilities)
+        cpu_groups = {n["cpu"].parent.full_path for n in self._jobs.values()}
+        if len(cpu_groups) > 1:
+            capabilities.discard("cpu_weight")  # weights act only between siblings: some job has another parent
+        allowed = None
+        if "cpuset" in nodes:
+            scheduler_cpuset = Path(nodes["cpuset"].parent.parent.full_path.decode()) / "cpuset.effective_cpus"
+            try:
+                allowed = parse_cpus(scheduler_cpuset.read_text())
+            except (OSError, CpuSpecError):
+                allowed = None
+        return Placement(
+            scheduler=self._schedulers.get(job_id, "none"),
+            paths={h: n.path.decode() for h, n in nodes.items()},
+            capabilities=frozenset(capabilities),
+            allowed_cpus=allowed,
+        )
 
     def attach(self, job_id: str, pid: int) -> None:
+        if job_id not in self._jobs:
+            raise BackendError(f"job {job_id!r} has no cgroup v1 group: create the job's group first")
         # cgroupspy's ``procs`` setter writes the one pid we give it: the kernel moves the
         # whole process (every thread), and its later children are born inside.
-        for hierarchy in self._hierarchies:
-            node = self._node(hierarchy, job_id)
+        for hierarchy, node in self._jobs[job_id].items():
             with kernel_call(node.full_path + b"/cgroup.procs", f"moving pid {pid} into the {hierarchy} group"):
                 node.controller.procs = [pid]
 
     def pids(self, job_id: str) -> set[int]:
         # Read directly rather than through cgroupspy: a group that is gone reads as "no pids".
-        return read_pid_list(self._dir("cpu", job_id) / "cgroup.procs")
+        return read_pid_list(Path(self._job_node("cpu", job_id).full_path.decode()) / "cgroup.procs")
 
     def set_cpu_quota(self, job_id: str, cores: float | None) -> None:
-        node = self._node("cpu", job_id)
+        node = self._job_node("cpu", job_id)
         with kernel_call(node.full_path + b"/cpu.cfs_quota_us", "setting the CPU quota"):
             node.controller.cfs_quota_us = None if cores is None else quota_us(cores)  # None writes -1
 
     def set_cpu_weight(self, job_id: str, weight: int | None) -> None:
         self._require("cpu_weight", "cpu")
-        node = self._node("cpu", job_id)
+        node = self._job_node("cpu", job_id)
         with kernel_call(node.full_path + b"/cpu.shares", "setting the CPU weight"):
             node.controller.shares = shares_of(weight)
-
     def set_cpuset(self, job_id: str, cpus: tuple[int, ...] | None) -> None:
         self._require("cpuset", "cpuset")
-        node = self._node("cpuset", job_id)
+        node = self._job_node("cpuset", job_id)
         with kernel_call(node.full_path + b"/cpuset.cpus", "setting the job's CPUs"):
             wanted = node.parent.controller.cpus if cpus is None else set(cpus)
             if not wanted:
@@ -131,36 +178,46 @@ class CgroupV1Backend:
     def set_read_bps(self, job_id: str, device: str, bps: int | None) -> None:
         self._require("read_bps", "blkio")
         major, minor = parse_device(device)
-        node = self._node("blkio", job_id)
+        node = self._job_node("blkio", job_id)
         limit = 0 if bps is None else check_bps(bps)  # 0 removes the device's throttle
         with kernel_call(node.full_path + b"/blkio.throttle.read_bps_device", f"throttling reads from {device}"):
             node.controller.throttle_read_bps_device = DeviceThrottle(limit, major, minor)
 
     def cpu_seconds(self, job_id: str) -> float:
         self._require("cpu_accounting", "cpuacct")
-        node = self._node("cpuacct", job_id)
+        node = self._job_node("cpuacct", job_id)
         with kernel_call(node.full_path + b"/cpuacct.usage", "reading the job's CPU time"):
             return node.controller.usage / 1e9
 
     def existing_jobs(self) -> list[str]:
-        group_dir = self._dir("cpu")
-        if not group_dir.is_dir():
-            return []
-        return sorted(entry.name for entry in group_dir.iterdir() if entry.is_dir())
+        """Job groups anywhere in the managed hierarchies (nested placement puts them below
+        the schedulers' cgroups), found by one walk of each; also those placed by this controller."""
+        for hierarchy in self._hierarchies:
+            for job_id, job_dir in find_job_groups(self.root / hierarchy, self.group).items():
+                if job_id not in self._jobs:
+                    self._found.setdefault(job_id, {})[hierarchy] = job_dir
+        return sorted(set(self._jobs) | set(self._found))
 
     def remove(self, job_id: str) -> None:
-        for hierarchy in self._hierarchies:
-            job_node = self._node(hierarchy, job_id)
-            procs_file = Path(job_node.full_path.decode()) / "cgroup.procs"
+        """Move live pids back to the scheduler's cgroup the job came from, remove the job's
+        group, and its parent group when no other job is left there (so that the scheduler
+        can remove its own cgroups when its job ends)."""
+        nodes = self._job_nodes(job_id)
+        try:
+            for hierarchy, job_node in nodes.items():
+                procs_file = Path(job_node.full_path.decode()) / "cgroup.procs"
+                scheduler_node = job_node.parent.parent
 
-            def move_to_parent(pid: int, parent: Node = job_node.parent) -> None:
-                with kernel_call(parent.full_path + b"/cgroup.procs", f"moving pid {pid} out of the job's group"):
-                    parent.controller.procs = [pid]
+                def move_back(pid: int, target: Node = scheduler_node) -> None:
+                    with kernel_call(target.full_path + b"/cgroup.procs", f"moving pid {pid} out of the job's group"):
+                        target.controller.procs = [pid]
 
-            try:
-                drain_and_rmdir(Path(job_node.full_path.decode()), lambda: read_pid_list(procs_file), move_to_parent)
-            finally:
-                self._nodes.pop((hierarchy, job_id), None)
+                drain_and_rmdir(Path(job_node.full_path.decode()), lambda: read_pid_list(procs_file), move_back)
+                remove_if_unused(Path(job_node.parent.full_path.decode()))
+        finally:
+            self._jobs.pop(job_id, None)
+            self._found.pop(job_id, None)
+            self._schedulers.pop(job_id, None)
 
     def release(self, job_id: str) -> None:
         if "cpu" in self._hierarchies:
@@ -169,7 +226,7 @@ class CgroupV1Backend:
         if "cpuset" in self._hierarchies:
             self.set_cpuset(job_id, None)
         if "blkio" in self._hierarchies:
-            node = self._node("blkio", job_id)
+            node = self._job_node("blkio", job_id)
             with kernel_call(node.full_path + b"/blkio.throttle.read_bps_device", "lifting the read throttles"):
                 for throttle in node.controller.throttle_read_bps_device:
                     node.controller.throttle_read_bps_device = DeviceThrottle(0, throttle.major, throttle.minor)

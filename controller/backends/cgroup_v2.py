@@ -1,4 +1,9 @@
-"""cgroup v2 backend: one group per job at ``<root>/<group>/<job_id>`` in the unified hierarchy.
+"""cgroup v2 backend: one group per job at ``<root>/<parent>/<group>/<job_id>`` in the unified hierarchy.
+
+``<parent>`` is the cgroup the launcher was in (nested placement, see placement.py;
+the root on a bare node). v2 lets a non-root cgroup that holds processes give no
+controller to its children, so the processes already in ``<parent>`` move to a
+leaf ``<parent>/<group>.leaf`` first (and back when the last job there is gone).
 
 Direct writes of the kernel's interface files: cpu.max, cpuset.cpus, io.max,
 cgroup.procs, and cpu.stat for accounting. The cpu, cpuset and io controllers are
@@ -9,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controller.backends.base import BackendError
+from controller.backends.base import BackendError, Placement
 from controller.backends.cgroupfs import (
     CFS_PERIOD_US,
     check_bps,
@@ -22,9 +27,11 @@ from controller.backends.cgroupfs import (
     quota_us,
     read_interface,
     read_pid_list,
+    remove_if_unused,
     write_interface,
 )
-from controller.cpuspec import format_cpus
+from controller.backends.placement import UNIFIED, cgroups_of, detect_scheduler, find_job_groups, parent_below, relative
+from controller.cpuspec import CpuSpecError, format_cpus, parse_cpus
 
 _CAPABILITY_OF_CONTROLLER = {"cpu": "cpu_quota", "cpuset": "cpuset", "io": "read_bps"}
 
@@ -45,15 +52,23 @@ class CgroupV2Backend:
             )
         offered = _controllers(self.root / "cgroup.controllers")
         self._controllers = tuple(c for c in _CAPABILITY_OF_CONTROLLER if c in offered)
-        # cpu.stat (usage_usec) is a core file of every v2 group, with or without the cpu controller.
-        self.capabilities = frozenset(
-            {"groups", "cpu_accounting"} | {_CAPABILITY_OF_CONTROLLER[c] for c in self._controllers}
-            | ({"cpu_weight"} if "cpu" in self._controllers else set())
-        )
+        self.capabilities = _capabilities_of(self._controllers)
+        self._jobs: dict[str, Path] = {}
+        """Each placed job's group directory."""
+        self._found: dict[str, Path] = {}
+        """Job groups found by existing_jobs() (left by an earlier controller), not yet placed."""
+        self._schedulers: dict[str, str] = {}
 
-    def _dir(self, job_id: str | None = None) -> Path:
-        group_dir = self.root / self.group
-        return group_dir / check_name(job_id) if job_id is not None else group_dir
+    def _job_dir(self, job_id: str) -> Path:
+        """Where the job was placed, where an earlier controller left it, or (never created)
+        where a bare node would put it."""
+        placed = self._jobs.get(job_id) or self._found.get(job_id)
+        return placed if placed is not None else self.root / self.group / check_name(job_id)
+
+    def _leaf(self, parent: Path) -> Path:
+        """Where the processes already in ``parent`` go so that it may enable controllers for
+        its children (v2's no-internal-process rule)."""
+        return parent / f"{self.group}.leaf"
 
     def _require(self, capability: str, controller: str) -> None:
         if controller not in self._controllers:
@@ -64,53 +79,115 @@ class CgroupV2Backend:
             )
 
     def _enable_subtree(self, directory: Path) -> None:
-        """Write "+cpu +cpuset +io" (those not on yet) to ``directory``/cgroup.subtree_control."""
+        """Write "+cpu +cpuset +io" (those ``directory`` offers and has not enabled yet) to its
+        cgroup.subtree_control."""
         control = directory / "cgroup.subtree_control"
+        offered = _controllers(directory / "cgroup.controllers")
         enabled = _controllers(control)
-        missing = [c for c in self._controllers if c not in enabled]
+        missing = [c for c in self._controllers if c in offered and c not in enabled]
         if missing:
             write_interface(control, " ".join(f"+{c}" for c in missing), "enabling controllers for the subtree")
 
+    def _delegate(self, parent: Path) -> None:
+        """Let ``parent`` (the scheduler's cgroup the job was started in) give controllers to
+        our group: a non-root cgroup holding processes cannot, so they move to a leaf first."""
+        if parent != self.root:
+            residents = read_pid_list(parent / "cgroup.procs")
+            if residents:
+                leaf = self._leaf(parent)
+                with kernel_call(leaf, "creating a leaf for the processes already in the job's cgroup"):
+                    leaf.mkdir(exist_ok=True)
+                for pid in residents:
+                    _move(leaf, pid)
+        self._enable_subtree(parent)
+
+    def _undelegate(self, parent: Path) -> None:
+        """Undo _delegate once our group under ``parent`` is gone: controllers off again and the
+        leaf's processes back in ``parent``, so the scheduler finds its cgroup as it made it.
+        Only where we made the leaf and nothing else lives below ``parent``."""
+        leaf = self._leaf(parent)
+        if parent == self.root or not leaf.is_dir():
+            return
+        if any(entry.is_dir() and entry != leaf for entry in parent.iterdir()):
+            return
+        control = parent / "cgroup.subtree_control"
+        enabled = _controllers(control)
+        if enabled:
+            write_interface(control, " ".join(f"-{c}" for c in sorted(enabled)), "disabling the controllers we enabled")
+        drain_and_rmdir(leaf, lambda: read_pid_list(leaf / "cgroup.procs"), lambda pid: _move(parent, pid))
+
     # -- ResourceBackend ----------------------------------------------------------------------
-    def create(self, job_id: str) -> str:
-        job_dir = self._dir(job_id)
+    def create(self, job_id: str, near_pid: int | None = None) -> str:
+        check_name(job_id)
+        if job_id in self._jobs:
+            return str(self._jobs[job_id])
+        current = cgroups_of(near_pid, self._proc) if near_pid is not None else {}
+        if job_id in self._found:
+            job_dir = self._found.pop(job_id)
+        else:
+            parent_path = parent_below(current.get(UNIFIED, "/"), self.group)
+            job_dir = self.root / parent_path.lstrip("/") / self.group / job_id
+        group_dir, parent = job_dir.parent, job_dir.parent.parent
         with kernel_call(job_dir, "creating the job's group"):
-            self._dir().mkdir(exist_ok=True)
-        self._enable_subtree(self.root)
-        self._enable_subtree(self._dir())
+            group_dir.mkdir(exist_ok=True)
+        self._delegate(parent)
+        self._enable_subtree(group_dir)
         with kernel_call(job_dir, "creating the job's group"):
             job_dir.mkdir(exist_ok=True)
+        self._jobs[job_id] = job_dir
+        self._schedulers[job_id] = detect_scheduler([*current.values(), relative(job_dir, self.root)])
         return str(job_dir)
 
+    def placement(self, job_id: str) -> Placement:
+        job_dir = self._job_dir(job_id)
+        parent = job_dir.parent.parent
+        try:
+            offered = _controllers(parent / "cgroup.controllers")
+        except BackendError:
+            offered = set()
+        capabilities = set(_capabilities_of(tuple(c for c in self._controllers if c in offered)))
+        if len({d.parent for d in self._jobs.values()}) > 1:
+            capabilities.discard("cpu_weight")  # weights act only between siblings: some job has another parent
+        try:
+            allowed: tuple[int, ...] | None = parse_cpus((parent / "cpuset.cpus.effective").read_text())
+        except (OSError, CpuSpecError):
+            allowed = None
+        return Placement(
+            scheduler=self._schedulers.get(job_id, "none"),
+            paths={"unified": relative(job_dir, self.root)},
+            capabilities=frozenset(capabilities),
+            allowed_cpus=allowed,
+        )
+
     def attach(self, job_id: str, pid: int) -> None:
-        write_interface(self._dir(job_id) / "cgroup.procs", str(pid), f"moving pid {pid} into the job's group")
+        _move(self._job_dir(job_id), pid)
 
     def pids(self, job_id: str) -> set[int]:
-        return read_pid_list(self._dir(job_id) / "cgroup.procs")
+        return read_pid_list(self._job_dir(job_id) / "cgroup.procs")
 
     def set_cpu_quota(self, job_id: str, cores: float | None) -> None:
         self._require("cpu_quota", "cpu")
         quota = "max" if cores is None else str(quota_us(cores))
-        write_interface(self._dir(job_id) / "cpu.max", f"{quota} {CFS_PERIOD_US}", "setting the CPU quota")
+        write_interface(self._job_dir(job_id) / "cpu.max", f"{quota} {CFS_PERIOD_US}", "setting the CPU quota")
 
     def set_cpu_weight(self, job_id: str, weight: int | None) -> None:
         self._require("cpu_weight", "cpu")
-        write_interface(self._dir(job_id) / "cpu.weight", str(check_weight(weight)), "setting the CPU weight")
+        write_interface(self._job_dir(job_id) / "cpu.weight", str(check_weight(weight)), "setting the CPU weight")
 
     def set_cpuset(self, job_id: str, cpus: tuple[int, ...] | None) -> None:
         self._require("cpuset", "cpuset")
         # An empty cpuset.cpus means "the parent's CPUs" in v2 (a bare newline: a zero-length write is a no-op).
         text = "\n" if cpus is None else format_cpus(cpus)
-        write_interface(self._dir(job_id) / "cpuset.cpus", text, "setting the job's CPUs")
+        write_interface(self._job_dir(job_id) / "cpuset.cpus", text, "setting the job's CPUs")
 
     def set_read_bps(self, job_id: str, device: str, bps: int | None) -> None:
         self._require("read_bps", "io")
         major, minor = parse_device(device)
         limit = "max" if bps is None else str(check_bps(bps))
-        write_interface(self._dir(job_id) / "io.max", f"{major}:{minor} rbps={limit}", f"throttling reads from {device}")
+        write_interface(self._job_dir(job_id) / "io.max", f"{major}:{minor} rbps={limit}", f"throttling reads from {device}")
 
     def cpu_seconds(self, job_id: str) -> float:
-        stat_file = self._dir(job_id) / "cpu.stat"
+        stat_file = self._job_dir(job_id) / "cpu.stat"
         for line in read_interface(stat_file, "reading the job's CPU time").splitlines():
             key, _, value = line.partition(" ")
             if key == "usage_usec":
@@ -118,21 +195,32 @@ class CgroupV2Backend:
         raise BackendError(f"no usage_usec line in {stat_file}: is this a cgroup v2 group?")
 
     def existing_jobs(self) -> list[str]:
-        group_dir = self._dir()
-        if not group_dir.is_dir():
-            return []
-        return sorted(entry.name for entry in group_dir.iterdir() if entry.is_dir())
+        """Job groups anywhere in the hierarchy (nested placement puts them below the
+        schedulers' cgroups), found by one walk; also those placed by this controller."""
+        for job_id, job_dir in find_job_groups(self.root, self.group).items():
+            if job_id not in self._jobs:
+                self._found[job_id] = job_dir
+        return sorted(set(self._jobs) | set(self._found))
 
     def remove(self, job_id: str) -> None:
-        # v2 forbids processes in a group whose subtree has controllers enabled (our group
-        # directory), so live pids go to the root of the hierarchy instead.
-        job_dir = self._dir(job_id)
-        root_procs = self.root / "cgroup.procs"
-        drain_and_rmdir(
-            job_dir,
-            lambda: read_pid_list(job_dir / "cgroup.procs"),
-            lambda pid: write_interface(root_procs, str(pid), f"moving pid {pid} out of the job's group"),
-        )
+        """Move live pids back below the scheduler's cgroup the job came from (into the leaf
+        when that cgroup gives controllers to children, as v2 then forbids processes in it),
+        remove the job's group, and the group and leaf once no other job is left there."""
+        job_dir = self._job_dir(job_id)
+        group_dir, parent = job_dir.parent, job_dir.parent.parent
+        target = parent if parent == self.root else self._leaf(parent)
+        try:
+            if read_pid_list(job_dir / "cgroup.procs") and target != parent:
+                with kernel_call(target, "creating a leaf for the job's remaining processes"):
+                    target.mkdir(exist_ok=True)
+            drain_and_rmdir(job_dir, lambda: read_pid_list(job_dir / "cgroup.procs"), lambda pid: _move(target, pid))
+            remove_if_unused(group_dir)
+            if not group_dir.exists():
+                self._undelegate(parent)
+        finally:
+            self._jobs.pop(job_id, None)
+            self._found.pop(job_id, None)
+            self._schedulers.pop(job_id, None)
 
     def release(self, job_id: str) -> None:
         if "cpu" in self._controllers:
@@ -141,7 +229,7 @@ class CgroupV2Backend:
         if "cpuset" in self._controllers:
             self.set_cpuset(job_id, None)
         if "io" in self._controllers:
-            io_max = self._dir(job_id) / "io.max"
+            io_max = self._job_dir(job_id) / "io.max"
             for line in read_interface(io_max, "reading the read throttles").splitlines():
                 if line.strip():
                     self.set_read_bps(job_id, line.split()[0], None)
@@ -153,6 +241,18 @@ class CgroupV2Backend:
         Paths there are relative to the cgroup2 mount, so this assumes ``root`` is the mount's root.
         """
         return job_from_proc_cgroup(self._proc, pid, self.group, lambda ctrls: ctrls == "")
+
+
+def _capabilities_of(controllers: tuple[str, ...]) -> frozenset[str]:
+    """cpu.stat (usage_usec) is a core file of every v2 group, with or without the cpu controller."""
+    return frozenset(
+        {"groups", "cpu_accounting"} | {_CAPABILITY_OF_CONTROLLER[c] for c in controllers}
+        | ({"cpu_weight"} if "cpu" in controllers else set())
+    )
+
+
+def _move(directory: Path, pid: int) -> None:
+    write_interface(directory / "cgroup.procs", str(pid), f"moving pid {pid} into {directory.name}")
 
 
 def _controllers(path: Path) -> set[str]:

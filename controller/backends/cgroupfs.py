@@ -135,9 +135,21 @@ def job_from_proc_cgroup(proc: Path, pid: int, group: str, hierarchy_matches: Ca
         if not hierarchy_matches(controllers):
             continue
         parts = path.strip("/").split("/")
-        if len(parts) == 2 and parts[0] == group:
-            return parts[1]
+        if len(parts) >= 2 and parts[-2] == group:  # nested placement: <scheduler's cgroup>/<group>/<job>
+            return parts[-1]
     return None
+
+
+def remove_if_unused(directory: Path) -> None:
+    """rmdir ``directory`` (a group that held job groups) if no job group is left in it.
+    A group still in use stays: rmdir refuses it, which is not an error here."""
+    try:
+        os.rmdir(directory)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        if exc.errno not in (errno.EBUSY, errno.ENOTEMPTY):
+            raise kernel_error(exc, directory, "removing the empty group") from exc
 
 
 def drain_and_rmdir(job_dir: Path, pids: Callable[[], set[int]], move: Callable[[int], None]) -> None:

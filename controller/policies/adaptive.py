@@ -141,8 +141,9 @@ class AdaptivePolicy:
         """True when every job has an allocation from this kind of policy and the target is
         not predicted to beat the current one by more than the threshold."""
         current = {job.job_id: job.current for job in jobs}
-        if any(a.workers is None or a.cpu_weight is None or a.cores is not None for a in current.values()):
-            return False  # a job arrived, or the previous policy set other kinds of limits
+        if any(a.workers is None or (a.cpu_weight is None) != (target[job_id].cpu_weight is None)
+               or (a.cores is None) != (target[job_id].cores is None) for job_id, a in current.items()):
+            return False  # a job arrived, the previous policy set other kinds of limits, or weights stopped acting
         if any((a.read_bps is None) != (target[job_id].read_bps is None) for job_id, a in current.items()):
             return False  # reads became contended (throttles go on) or stopped being (they come off)
         now = predicted_objective(node, jobs, models, weights, current)

@@ -86,6 +86,19 @@ class JobView:
     """Seconds since the node's job set last changed (an arrival or a departure); None: not tracked."""
     max_workers: int | None = None
     """Most workers per rank that fit in the job's memory (controller/worker_memory.py); None: no limit known."""
+    levers: frozenset[str] | None = None
+    """The backend's capabilities that act on this job where its scheduler placed it
+    ("cpu_quota", "cpu_weight", "cpuset", "read_bps"); None: all of them (a bare node).
+    CPU weights act only between jobs with the same parent cgroup: where they do not
+    reach every job, a policy plans with quotas instead."""
+
+
+def plan_by_quota(jobs: Sequence[JobView]) -> bool:
+    """True when a CPU weight does not act on every job (they do not all share one parent
+    cgroup) but a quota does: a plan of cores is then enforced by quotas."""
+    def acts(lever: str) -> bool:
+        return all(job.levers is None or lever in job.levers for job in jobs)
+    return not acts("cpu_weight") and acts("cpu_quota")
 
 
 Allocation = Mapping[str, JobAllocation]

@@ -26,7 +26,9 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from controller.policies.base import JobAllocation, JobView, NodeResources, worker_limit, workers_for_cores
+from controller.policies.base import (
+    JobAllocation, JobView, NodeResources, plan_by_quota, worker_limit, workers_for_cores,
+)
 from throughput_model.curves import Line, concave_lines, evaluate_lines
 
 READER_BYTES_PER_S = 1e6
@@ -170,7 +172,9 @@ def allocations(
 ) -> dict[str, JobAllocation]:
     """JobAllocations from a plan of ``cores`` (see the module docstring): CPU weights and
     workers, no quota, the whole managed cpuset for everyone; more workers per core for
-    jobs that read."""
+    jobs that read. Where weights do not reach every job (jobs under different parent
+    cgroups, see JobView.levers), each job's span becomes its quota instead."""
+    by_weight = not plan_by_quota(jobs)
     planned = spread(node.cores, {job.job_id: cores[job.job_id] for job in jobs})
     unsatisfied = [job.job_id for job in jobs if job.job_id not in satisfied]
     free = node.cores - sum(cores[job_id] / PLAN_MARGIN for job_id in satisfied)
@@ -191,7 +195,8 @@ def allocations(
             # still caps its CPU.
             workers = max(workers, min(job.requested_workers, limit))
         result[job.job_id] = JobAllocation(
-            cpu_weight=max(1, min(10_000, round(weight))),
+            cpu_weight=max(1, min(10_000, round(weight))) if by_weight else None,
+            cores=None if by_weight else min(node.cores, span),
             cpus=node.cpus,
             read_bps=None if read_bps is None else max(1, int(read_bps[job.job_id])),
             workers=workers,

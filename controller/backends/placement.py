@@ -1,0 +1,98 @@
+"""Nested placement: where a job's group goes in each hierarchy, and which scheduler made its parent.
+
+Jobs on real nodes already sit in cgroups their scheduler made (Slurm's
+``slurm_<node>/uid_N/job_J/step_S``, kubelet's ``kubepods/<qos>/pod<uid>/<container>``
+or ``kubepods.slice/...scope``, systemd's services and session scopes). adloader
+never takes a job out of them: in each hierarchy it manages, the job's group is
+``<the launcher's cgroup>/<group>/<job>``. On a bare node the launcher is in the
+root, so that is ``/<group>/<job>`` as before. This module holds the pure parts:
+reading /proc/PID/cgroup, naming the scheduler, finding job groups again after a
+restart. The backends do the writes.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Iterable
+
+log = logging.getLogger(__name__)
+
+UNIFIED = ""
+"""The hierarchy key of the cgroup v2 line ("0::/path") in /proc/PID/cgroup."""
+
+SCHEDULERS = ("slurm", "kubernetes", "systemd", "none")
+
+_SLURM = re.compile(r"(^|/)slurm[^/]*/(uid_\d+/)?job_\d+(/|$)")
+_SYSTEMD_UNIT = re.compile(r"\.(slice|service|scope)$")
+
+
+def cgroups_of(pid: int, proc: Path = Path("/proc")) -> dict[str, str]:
+    """``pid``'s cgroup path in every hierarchy, keyed by controller ("cpu", "cpuacct",
+    "name=systemd", ...; ``UNIFIED`` for the v2 line). Empty if the process is gone."""
+    try:
+        text = (proc / str(pid) / "cgroup").read_text()
+    except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
+        return {}
+    paths: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.count(":") < 2:
+            continue
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            paths[UNIFIED] = path
+        for controller in controllers.split(","):
+            if controller:
+                paths[controller] = path
+    return paths
+
+
+def detect_scheduler(paths: Iterable[str]) -> str:
+    """Which scheduler made these cgroups: "slurm", "kubernetes", "systemd" or "none".
+
+    Slurm is tried first (its jobs also sit in systemd's slurmd.service on a systemd
+    host), then kubelet (whose systemd driver also names slices), then systemd."""
+    paths = [p for p in paths if p.strip("/")]
+    if any(_SLURM.search(p) or "/slurmstepd.scope/job_" in p for p in paths):
+        return "slurm"
+    if any(part.startswith("kubepods") for p in paths for part in p.split("/")):
+        return "kubernetes"
+    if any(_SYSTEMD_UNIT.search(part) for p in paths for part in p.split("/")):
+        return "systemd"
+    return "none"
+
+
+def parent_below(path: str, group: str) -> str:
+    """The cgroup to nest a new job group under, for a process now at ``path``.
+
+    A process already inside one of our job groups (``.../<group>/<job>``, e.g. a job
+    re-registering after a controller restart) is placed beside it, not inside it."""
+    parts = [p for p in path.split("/") if p]
+    if len(parts) >= 2 and parts[-2] == group:
+        parts = parts[:-2]
+    return "/" + "/".join(parts)
+
+
+def find_job_groups(mount: Path, group: str) -> dict[str, Path]:
+    """Every job group ``<anything>/<group>/<job>`` under ``mount``, by job id.
+
+    Walks the hierarchy once (a node's tree is a few hundred directories) without
+    descending into job groups. A job id found twice keeps the first and is logged."""
+    found: dict[str, Path] = {}
+    for directory, subdirs, _ in os.walk(mount):
+        if Path(directory).name == group and Path(directory) != mount:
+            for job in subdirs:
+                job_dir = Path(directory) / job
+                if job in found and found[job] != job_dir:
+                    log.warning("job group %s found twice (%s and %s): managing the first", job, found[job], job_dir)
+                    continue
+                found[job] = job_dir
+            subdirs.clear()
+    return found
+
+
+def relative(path: Path, mount: Path) -> str:
+    """``path`` as /proc/PID/cgroup would show it: relative to the hierarchy's mount, with a leading /."""
+    rel = Path(path).relative_to(mount)
+    return "/" if rel == Path(".") else f"/{rel}"
