@@ -255,6 +255,7 @@ class Controller:
             self.registry.remove(job.job_id, pids=set(), cpu_seconds=cpu_seconds)
             self.loop.forget(job.job_id)
             removed = True
+        self.backend.tidy()
         return removed
 
     def _remove_group(self, job_id: str, why: str) -> bool:

@@ -141,6 +141,9 @@ class AffinityBackend:
             job.cpus = None
             self._apply(job_id, job)
 
+    def tidy(self) -> None:
+        """Nothing to do: the fallback makes no groups."""
+
     # -- extras -------------------------------------------------------------------------------
     def job_of(self, pid: int) -> str | None:
         """The job whose attached process is ``pid`` or one of its ancestors (from /proc/PID/stat), or None."""

@@ -78,3 +78,7 @@ class ResourceBackend(Protocol):
 
     def release(self, job_id: str) -> None:
         """Lift every limit the backend set on the job but keep the group (controller shutdown)."""
+
+    def tidy(self) -> None:
+        """Once per control period: remove what a scheduler had to leave behind because a
+        job's group was nested in its cgroups when it cleaned up (cgroup v1, see CgroupV1Backend)."""

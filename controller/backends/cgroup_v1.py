@@ -8,7 +8,12 @@ mounted drops the capability it provides instead of failing the whole backend.
 """
 from __future__ import annotations
 
+import logging
+import os
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from cgroupspy.contenttypes import DeviceThrottle
 from cgroupspy.nodes import Node
@@ -30,6 +35,13 @@ from controller.backends.cgroupfs import (
 from controller.backends.placement import cgroups_of, detect_scheduler, find_job_groups, parent_below, relative
 from controller.cpuspec import CpuSpecError, parse_cpus
 
+log = logging.getLogger(__name__)
+
+LEFTOVER_WATCH_S = 60.0
+"""How long after a removal the scheduler's leftovers are watched for (see tidy())."""
+TRACKING_HIERARCHY = "freezer"
+"""Where Slurm's proctrack/cgroup (and runc, systemd) track a job's processes on v1."""
+
 _CAPABILITY_OF_HIERARCHY = {
     "cpu": "cpu_quota",
     "cpuacct": "cpu_accounting",
@@ -43,10 +55,14 @@ class CgroupV1Backend:
 
     name = "cgroup-v1"
 
-    def __init__(self, group: str = "adloader", root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc")) -> None:
+    def __init__(
+        self, group: str = "adloader", root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc"),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.group = check_name(group, "cgroup name")
         self.root = Path(root)
         self._proc = Path(proc)
+        self._clock = clock
         if not (self.root / "cpu").is_dir():
             raise BackendError(
                 f"no cgroup v1 cpu hierarchy at {self.root / 'cpu'}: mount it "
@@ -64,6 +80,11 @@ class CgroupV1Backend:
         self._found: dict[str, dict[str, Path]] = {}
         """Job groups found by existing_jobs() (left by an earlier controller), not yet placed."""
         self._schedulers: dict[str, str] = {}
+        self._tracking: dict[str, Path] = {}
+        """Each nested job's cgroup in the scheduler's process-tracking hierarchy (freezer),
+        which adloader never manages: when it is gone the scheduler has cleaned up."""
+        self._leftovers: list[_Leftover] = []
+        """Removed jobs whose scheduler had not finished cleaning up yet (see tidy())."""
 
     # -- paths -------------------------------------------------------------------------------
     def _node_at(self, hierarchy: str, path: str) -> Node:
@@ -121,6 +142,9 @@ class CgroupV1Backend:
             self._found.pop(job_id, None)
             paths = list(current.values()) + [n.path.decode() for n in nodes.values()]
             self._schedulers[job_id] = detect_scheduler(paths)
+            tracking = current.get(TRACKING_HIERARCHY, "/")
+            if tracking.strip("/") and TRACKING_HIERARCHY not in self._hierarchies:
+                self._tracking[job_id] = self.root / TRACKING_HIERARCHY / tracking.lstrip("/")
         return self._job_node("cpu", job_id).full_path.decode()
 
     def placement(self, job_id: str) -> Placement:
@@ -214,10 +238,51 @@ class CgroupV1Backend:
 
                 drain_and_rmdir(Path(job_node.full_path.decode()), lambda: read_pid_list(procs_file), move_back)
                 remove_if_unused(Path(job_node.parent.full_path.decode()))
+            tracking = self._tracking.get(job_id)
+            if tracking is not None:
+                self._leftovers.append(_Leftover(
+                    tracking, tuple(Path(n.full_path.decode()).parent.parent for n in nodes.values()),
+                    self._clock() + LEFTOVER_WATCH_S,
+                ))
+                self.tidy()
         finally:
+            self._tracking.pop(job_id, None)
             self._jobs.pop(job_id, None)
             self._found.pop(job_id, None)
             self._schedulers.pop(job_id, None)
+
+    def tidy(self) -> None:
+        """Remove the scheduler's empty cgroups that our group kept it from removing.
+
+        Slurm removes a job's cgroups once, right after its processes end; in the
+        hierarchies where our group was still nested below them then, its rmdir failed
+        and they would stay behind, empty, forever (seen with the real slurmd, see
+        tests/test_slurm.py). Once the job's cgroup in the tracking hierarchy (freezer,
+        never ours) is gone, i.e. the scheduler has finished cleaning up, the ancestors
+        of our removed group go, from ours upwards, while empty, gone from the tracking
+        hierarchy too, and still the job's own (``.../job_N/...``: a user's directory
+        may be about to hold the user's next job). rmdir refuses a cgroup with processes
+        or children, so nothing in use can go. Called after each removal and each period;
+        a scheduler that has not cleaned up within LEFTOVER_WATCH_S will succeed by itself."""
+        now = self._clock()
+        pending = []
+        for leftover in self._leftovers:
+            if leftover.tracking.exists():
+                if now < leftover.until:
+                    pending.append(leftover)
+                continue
+            tracking_root = self.root / TRACKING_HIERARCHY
+            for directory in leftover.parents:
+                mount = self.root / directory.relative_to(self.root).parts[0]
+                while _within_a_job(directory.relative_to(mount)) and \
+                        not (tracking_root / directory.relative_to(mount)).exists():
+                    try:
+                        os.rmdir(directory)
+                    except OSError:
+                        break
+                    log.info("removed %s: the scheduler left it behind, empty, because of our group", directory)
+                    directory = directory.parent
+        self._leftovers = pending
 
     def release(self, job_id: str) -> None:
         if "cpu" in self._hierarchies:
@@ -235,6 +300,21 @@ class CgroupV1Backend:
     def job_of(self, pid: int) -> str | None:
         """The job whose group holds ``pid`` (from /proc/PID/cgroup's cpu line), or None."""
         return job_from_proc_cgroup(self._proc, pid, self.group, lambda ctrls: "cpu" in ctrls.split(","))
+
+
+@dataclass(frozen=True)
+class _Leftover:
+    tracking: Path
+    """The job's cgroup in the tracking hierarchy: gone once the scheduler has cleaned up."""
+    parents: tuple[Path, ...]
+    """The scheduler's cgroups our removed group was nested in, one per managed hierarchy."""
+    until: float
+    """Clock time after which the scheduler is left to clean up by itself."""
+
+
+def _within_a_job(relative_path: Path) -> bool:
+    """True for a scheduler's cgroup of one job or below it (Slurm's ``job_N``)."""
+    return any(part.startswith("job_") and part[4:].isdigit() for part in relative_path.parts)
 
 
 def _inherit_cpuset(node: Node) -> None:

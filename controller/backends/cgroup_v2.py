@@ -234,6 +234,10 @@ class CgroupV2Backend:
                 if line.strip():
                     self.set_read_bps(job_id, line.split()[0], None)
 
+    def tidy(self) -> None:
+        """Nothing to do yet: on v2 no hierarchy tells when a scheduler has finished cleaning
+        up (docs/backends.md, "Known limits")."""
+
     # -- extras -------------------------------------------------------------------------------
     def job_of(self, pid: int) -> str | None:
         """The job whose group holds ``pid`` (from /proc/PID/cgroup's "0::" line), or None.
