@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs adloader and what it needs on a fresh machine. Idempotent.
 #   ./install.sh          the product (torch CPU build 2.13.0 if no torch is present)
-#   ./install.sh --test   the product plus the test tools and Debian's prometheus
+#   ./install.sh --test   the product plus the test tools, Debian's prometheus and a one-node Slurm
+#                         (slurmctld, slurmd, munge, client tools: tests/test_slurm.py starts them itself)
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
@@ -29,6 +30,18 @@ if [ $want_tests = 1 ] && ! command -v promtool >/dev/null 2>&1; then
     (systemctl stop prometheus 2>/dev/null || service prometheus stop 2>/dev/null || pkill -x prometheus) >/dev/null 2>&1 || true
   else
     echo "install.sh: promtool missing and cannot apt-get it here; the Prometheus tests will be skipped" >&2
+  fi
+fi
+if [ $want_tests = 1 ] && ! command -v slurmd >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "install.sh: installing Debian's Slurm (slurmctld, slurmd, munge, client tools) for tests/test_slurm.py"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null
+    apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null
+    # On a systemd host the packages may start daemons with the stock configuration; the test runs its own.
+    (systemctl stop slurmctld slurmd 2>/dev/null || true) >/dev/null 2>&1
+  else
+    echo "install.sh: Slurm missing and cannot apt-get it here; tests/test_slurm.py will be skipped" >&2
   fi
 fi
 echo "install.sh: done ($("$PY" -c 'import adloader; print("adloader", adloader.__version__)'))"
