@@ -27,7 +27,6 @@ import pytest
 
 from controller.backends.placement import cgroups_of
 from controller.backends.cgroupfs import read_pid_list, write_interface
-from controller.cpuspec import parse_cpus
 from fixtures.managed import CGROUP_ROOT, REPO, ControllerProcess, JobProcess, wait_until
 
 PERIOD = 0.5

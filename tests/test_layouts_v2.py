@@ -1,0 +1,182 @@
+"""Nested placement on cgroup v2, in the layouts kubelet and systemd make.
+
+This machine's cgroup2 mount offers no cpu controller (tests/test_backend_v2.py says
+why), so the layouts are fixture trees (tests/fixtures/cgroup2_tree.py) whose files
+stand in for the kernel's, and /proc/PID/cgroup is a fixture file too. What is
+checked: the job's group is ``<scheduler's cgroup>/<group>/<job>``; v2's
+no-internal-process rule is handled (the processes already in the scheduler's
+cgroup move to a leaf before it gives controllers to our group, and come back
+after); the job's levers are only the controllers its parent offers, and CPU
+weights only where every job shares the parent; its CPUs stay inside the
+scheduler's cpuset. The last test runs the same steps on the real kernel where a
+writable cgroup2 mount offers cpu, and skips saying why elsewhere.
+"""
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import pytest
+
+from controller.backends.cgroup_v2 import CgroupV2Backend
+from controller.backends.cgroupfs import read_pid_list
+from controller.policies.base import JobAllocation, NodeResources
+from controller.reconciler import reconcile
+from fixtures.cgroup2_tree import make_cgroup2_tree, make_group
+from fixtures.processes import SLEEP, Children, children  # noqa: F401
+
+GROUP = "adloader"
+LAYOUTS = {
+    "kubelet-systemd": ("kubernetes", "kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice/"
+                                      "cri-containerd-{cid}.scope"),
+    "kubelet-cgroupfs": ("kubernetes", "kubepods/burstable/pod{uid}/{cid}"),
+    "systemd-service": ("systemd", "system.slice/train-{cid}.service"),
+    "systemd-session": ("systemd", "user.slice/user-0.slice/session-{cid}.scope"),
+}
+LAUNCHER, RESIDENT = 4242, 77
+
+
+def _layout(root: Path, template: str, job: str, controllers: str = "cpuset cpu io memory pids",
+            launcher: int = LAUNCHER) -> Path:
+    """The scheduler's cgroup (holding the launcher and another process, e.g. a container's
+    shell), the groups the backend will make below it, and the launcher's /proc/PID/cgroup."""
+    relative = template.format(uid=uuid.uuid4(), cid=uuid.uuid4().hex[:12])
+    parent = make_group(root / relative, controllers, cgroup__procs=f"{launcher}\n{RESIDENT}\n",
+                        cpuset__cpus__effective="2-3\n")
+    make_group(parent / f"{GROUP}.leaf", controllers)
+    make_group(parent / GROUP, controllers)
+    make_group(parent / GROUP / job, controllers)
+    proc = root.parent / "proc" / str(launcher)
+    proc.mkdir(parents=True)
+    (proc / "cgroup").write_text(f"0::/{relative}\n")
+    return parent
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    return make_cgroup2_tree(tmp_path / "cgroup", GROUP, [])
+
+
+def _backend(root: Path) -> CgroupV2Backend:
+    return CgroupV2Backend(group=GROUP, root=root, proc=root.parent / "proc")
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_the_group_nests_below_the_schedulers_cgroup_whose_processes_move_to_a_leaf(root: Path, layout: str) -> None:
+    scheduler, template = LAYOUTS[layout]
+    parent = _layout(root, template, "job-a")
+    backend = _backend(root)
+    job_dir = parent / GROUP / "job-a"
+    assert backend.create("job-a", near_pid=LAUNCHER) == str(job_dir)
+    assert read_pid_list(parent / f"{GROUP}.leaf" / "cgroup.procs") & {LAUNCHER, RESIDENT}, "residents moved to the leaf"
+    for directory in (parent, parent / GROUP):
+        assert (directory / "cgroup.subtree_control").read_text() == "+cpu +cpuset +io"
+    backend.attach("job-a", LAUNCHER)
+    assert read_pid_list(job_dir / "cgroup.procs") == {LAUNCHER}
+
+    placement = backend.placement("job-a")
+    assert placement.scheduler == scheduler
+    assert placement.paths == {"unified": "/" + str(job_dir.relative_to(root))}
+    assert placement.capabilities == {"groups", "cpu_accounting", "cpu_quota", "cpu_weight", "cpuset", "read_bps"}
+    assert placement.allowed_cpus == (2, 3)
+
+    result = reconcile(backend, NodeResources(cpus=(0, 1, 2, 3)), {"job-a": JobAllocation(cores=1.5)}, {})
+    assert not result.failures
+    assert (job_dir / "cpu.max").read_text() == "150000 100000"
+    assert (job_dir / "cpuset.cpus").read_text() == "2-3", "inside the scheduler's CPUs, not all managed ones"
+
+    # rmdir makes a kernel group's files vanish; emptied directories stand in for that here
+    for directory in (job_dir, parent / f"{GROUP}.leaf", parent / GROUP):
+        for entry in directory.iterdir():
+            if entry.is_file():
+                entry.unlink()
+    backend.remove("job-a")
+    assert not (parent / GROUP).exists() and not (parent / f"{GROUP}.leaf").exists()
+    assert (parent / "cgroup.subtree_control").read_text() == "-cpu -cpuset -io", "the scheduler's cgroup as it was"
+    assert backend.existing_jobs() == []
+
+
+def test_a_job_gets_only_the_levers_its_parent_offers(root: Path) -> None:
+    parent = _layout(root, LAYOUTS["systemd-service"][1], "job-a", controllers="cpu memory pids")
+    backend = _backend(root)
+    backend.create("job-a", near_pid=LAUNCHER)
+    assert (parent / "cgroup.subtree_control").read_text() == "+cpu"
+    assert backend.placement("job-a").capabilities == {"groups", "cpu_accounting", "cpu_quota", "cpu_weight"}
+    result = reconcile(backend, NodeResources(cpus=(0, 1), read_device="254:0"),
+                       {"job-a": JobAllocation(cores=1.0, cpus=(1,), read_bps=1000)}, {})
+    assert [c.field for c in result.changes] == ["cores"] and not result.failures
+
+
+def test_cpu_weights_act_only_where_every_job_shares_the_parent(root: Path) -> None:
+    backend = _backend(root)
+    first = _layout(root, LAYOUTS["kubelet-systemd"][1], "job-a", launcher=10)
+    _layout(root, LAYOUTS["kubelet-systemd"][1], "job-b", launcher=11)
+    backend.create("job-a", near_pid=10)
+    assert "cpu_weight" in backend.placement("job-a").capabilities, "alone, its weight is among siblings"
+    backend.create("job-b", near_pid=11)
+    for job in ("job-a", "job-b"):
+        assert "cpu_weight" not in backend.placement(job).capabilities
+        assert "cpu_quota" in backend.placement(job).capabilities
+    make_group(first / GROUP / "job-c")
+    (root.parent / "proc" / "12").mkdir()
+    (root.parent / "proc" / "12" / "cgroup").write_text(f"0::/{first.relative_to(root)}\n")
+    backend.create("job-c", near_pid=12)
+    assert backend.placement("job-c").paths["unified"].startswith("/" + str(first.relative_to(root)))
+
+
+def test_a_restarted_controller_finds_nested_groups_again(root: Path) -> None:
+    parent = _layout(root, LAYOUTS["kubelet-cgroupfs"][1], "job-a")
+    _backend(root).create("job-a", near_pid=LAUNCHER)
+    (parent / GROUP / "job-a" / "cgroup.procs").write_text(f"{LAUNCHER}\n")
+    restarted = _backend(root)
+    assert restarted.existing_jobs() == ["job-a"]
+    assert restarted.pids("job-a") == {LAUNCHER}
+    assert restarted.create("job-a") == str(parent / GROUP / "job-a")
+    assert restarted.placement("job-a").scheduler == "kubernetes"
+
+
+def _writable_cgroup2_with_cpu() -> Path | None:
+    for candidate in (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup")):
+        try:
+            if "cpu" in (candidate / "cgroup.controllers").read_text().split() and \
+                    os.access(candidate / "cgroup.subtree_control", os.W_OK):
+                return candidate
+        except OSError:
+            continue
+    return None
+
+
+def test_on_the_real_kernel_a_busy_parent_hands_its_processes_to_a_leaf(children: Children) -> None:
+    mount = _writable_cgroup2_with_cpu()
+    if mount is None or os.geteuid() != 0:
+        pytest.skip("no writable cgroup2 mount offering the cpu controller here (/sys/fs/cgroup/unified offers "
+                    "only hugetlb: cpu is bound to cgroup v1), or not root")
+    top = mount / f"adloader-test-{uuid.uuid4().hex[:8]}-layout"
+    parent = top / "system.slice" / "train.service"
+    backend = CgroupV2Backend(group=f"adloader-test-{uuid.uuid4().hex[:8]}", root=mount)
+    try:
+        top.mkdir()
+        (mount / "cgroup.subtree_control").write_text("+cpu")
+        (top / "cgroup.subtree_control").write_text("+cpu")
+        (top / "system.slice").mkdir()
+        (top / "system.slice" / "cgroup.subtree_control").write_text("+cpu")
+        parent.mkdir()
+        launcher, resident = children.start(SLEEP), children.start(SLEEP)
+        for process in (launcher, resident):
+            (parent / "cgroup.procs").write_text(str(process.pid))
+        backend.create("job-a", near_pid=launcher.pid)
+        backend.attach("job-a", launcher.pid)
+        job_dir = parent / backend.group / "job-a"
+        assert read_pid_list(job_dir / "cgroup.procs") == {launcher.pid}
+        assert read_pid_list(parent / f"{backend.group}.leaf" / "cgroup.procs") == {resident.pid}
+        backend.set_cpu_quota("job-a", 0.5)
+        assert (job_dir / "cpu.max").read_text().split() == ["50000", "100000"]
+        backend.remove("job-a")
+        assert read_pid_list(parent / "cgroup.procs") == {launcher.pid, resident.pid}
+        assert not (parent / backend.group).exists() and not (parent / f"{backend.group}.leaf").exists()
+    finally:
+        children.kill_all()
+        for directory in sorted((d for d in top.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts)) + [top]:
+            if directory.exists():
+                directory.rmdir()
