@@ -220,3 +220,20 @@ def test_after_sigterm_no_group_remains_for_a_job_that_ended(
     for hierarchy in MANAGED:
         assert not (CGROUP_ROOT / hierarchy / path.lstrip("/") / controller.group).exists(), hierarchy
         assert (CGROUP_ROOT / hierarchy / long_path.lstrip("/") / controller.group / long_id).is_dir(), hierarchy
+
+
+def test_after_kill_9_a_restarted_controller_adopts_a_nested_job_where_it_is(
+    start_controller: Callable[..., ControllerProcess], layouts: Layouts
+) -> None:
+    controller = start_controller("--policy", "even", "--cpus", "0", period=PERIOD)
+    path = layouts.make(LAYOUTS["kubelet-systemd"][1], cpus="0-1")
+    job, job_id = _job_in(controller, layouts, path, "adopted", "import time; time.sleep(120)")
+    quota = CGROUP_ROOT / "cpu" / path.lstrip("/") / controller.group / job_id / "cpu.cfs_quota_us"
+    wait_until(lambda: quota.read_text().strip() == "100000", 10, "the job's quota")
+    controller.kill()
+    quota.write_text("-1")  # the limit is lost
+    controller.start()
+    wait_until(lambda: quota.read_text().strip() == "100000", 10, "the adopted job's quota restored in place")
+    assert [j.job_id for j in controller.status().jobs] == [job_id]
+    assert not (CGROUP_ROOT / "cpu" / controller.group / job_id).exists(), "no second group at the root"
+    assert cgroups_of(job.pid)["cpu"] == f"{path}/{controller.group}/{job_id}"
