@@ -157,7 +157,9 @@ class WorkerMemory:
 
     def worker_cost(self, pids: set[int]) -> WorkerCost | None:
         """Mean USS of the job's loader workers and their share of its shared memory."""
-        workers = [pid for pid in sorted(pids) if self._is_worker(pid, pids)]
+        parents = {pid: ppid for pid in pids if (ppid := self._parent(pid)) is not None}
+        has_children = set(parents.values())
+        workers = [pid for pid in sorted(pids) if pid not in has_children and self._is_worker(pid, parents, pids)]
         uss = [rollup["Private_Clean"] + rollup["Private_Dirty"] for pid in workers if (rollup := self._rollup(pid))]
         if not uss:
             return None
@@ -185,17 +187,24 @@ class WorkerMemory:
 
     # ------------------------------------------------------------------ reading the kernel
 
-    def _is_worker(self, pid: int, job_pids: set[int]) -> bool:
-        """A DataLoader worker: its parent is in the job and it is a fork of it (same command
-        line) or a multiprocessing spawn/forkserver child."""
+    def _parent(self, pid: int) -> int | None:
         try:
             stat = (self.proc / str(pid) / "stat").read_text()
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            if ppid not in job_pids:
-                return False
+            return int(stat.rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def _is_worker(self, pid: int, parents: Mapping[int, int], job_pids: set[int]) -> bool:
+        """A DataLoader worker: a leaf of the job's process tree (the caller checks) whose parent
+        is in the job and which is a fork of it (same command line: a rank, or adloader's
+        spawner helper) or a multiprocessing spawn/forkserver child."""
+        ppid = parents.get(pid)
+        if ppid is None or ppid not in job_pids:
+            return False
+        try:
             mine = (self.proc / str(pid) / "cmdline").read_bytes()
             parent = (self.proc / str(ppid) / "cmdline").read_bytes()
-        except (OSError, ValueError, IndexError):
+        except OSError:
             return False
         return bool(mine) and (mine == parent or b"multiprocessing" in mine)
 

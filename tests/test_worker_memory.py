@@ -182,6 +182,6 @@ def test_a_job_whose_workers_would_exceed_its_limit_gets_fewer_and_is_never_oom_
     assert job.wait(timeout=120) == 0, job.output()
     log = controller.log()
     assert f"job {snapshot.job_id} (memory-bound): memory fits 2 workers per rank" in log, log
-    assert "oom_kill 0" in (limited / "memory.oom_control").read_text()
+    assert "oom_kill 0" in (limited / "memory.oom_control").read_text(), (log, job.output())
     final = (tmp_path / "out" / "rank0.json").read_text()
     assert '"num_workers": 2' in final or '"num_workers": 1' in final, final
