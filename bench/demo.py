@@ -25,12 +25,18 @@ from bench.runner import JobOutcome
 log = logging.getLogger(__name__)
 
 POLICIES = ("even", "adaptive")
+QUICK_DEMO_SCALE = 0.1
+"""--quick: jobs a tenth as long as the full benchmark's, to check an install works (about a minute);
+its ratios are too short-lived to quote."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mix", type=Path, default=DEFAULT_MIX, metavar="FILE", help="job mix (default: shipped)")
-    parser.add_argument("--scale", type=float, default=QUICK_SCALE,
+    parser.add_argument("--scale", type=float, default=None,
                         help=f"job length relative to the full benchmark (default {QUICK_SCALE:g})")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"jobs {QUICK_DEMO_SCALE:g}x as long as the full benchmark's: checks that an install "
+                        "works, in about a minute (too short for figures)")
     parser.add_argument("--out", type=Path, default=Path("/tmp/adloader-demo"),
                         help="where the plot, the JSON and the run logs go (default /tmp/adloader-demo)")
 
@@ -44,7 +50,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    mix = load_mix(args.mix).scaled(args.scale)
+    scale = args.scale if args.scale is not None else QUICK_DEMO_SCALE if args.quick else QUICK_SCALE
+    mix = load_mix(args.mix).scaled(scale)
     node = node_setup(mix, "0-1", 0.5, None, CACHE_DIR)
     print(f"adloader demo (GPU-emulated): {len(mix.jobs)} jobs of mix {mix.name!r} on CPUs {node.cpus}, "
           f"read budget {node.read_bps / 1e6:.0f} MB/s of {node.read_device}; policies {', '.join(POLICIES)}")
@@ -63,7 +70,7 @@ def _demo(args: argparse.Namespace) -> int:
     report.write_json(args.out / "demo.json", document)  # first: a missing plotting library loses nothing
     print(f"results: {args.out / 'demo.json'}")
     plot_path = args.out / "demo.png"
-    report.plot(plot_path, runs, POLICIES, f"adloader demo, {mix.name} ({args.scale:g}x length)")
+    report.plot(plot_path, runs, POLICIES, f"adloader demo, {mix.name} ({scale:g}x length)")
     print(f"plot: {plot_path}")
     return 0
 

@@ -58,15 +58,40 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="do not predict from or record into the job history (<state-dir>/history.sqlite)")
     parser.add_argument("--metrics-address", default="127.0.0.1", metavar="ADDR",
                         help="address the metrics exporter binds (default 127.0.0.1)")
+    parser.add_argument("--remove-groups", action="store_true",
+                        help="do not serve: lift every limit and remove every job group under --cgroup-group, "
+                        "then the group itself (the jobs keep running, unmanaged), and exit. For uninstalling; "
+                        "refused while a controller manages the group")
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.remove_groups:
+        return _remove_groups(args)
     try:
         controller = _build(args)
     except AdloaderError as exc:
         log.error("%s", exc)
         return 2
     return asyncio.run(_serve(controller))
+
+
+def _remove_groups(args: argparse.Namespace) -> int:
+    from controller.backends.detect import detect_backend
+    from controller.ownership import Ownership
+    from controller.teardown import remove_every_group, teardown_holder
+
+    socket = args.socket or paths.default_socket_path()
+    state_dir = args.state_dir or paths.default_state_dir()
+    try:
+        backend = detect_backend(None if args.backend == "auto" else args.backend, args.cgroup_group)
+        removed = remove_every_group(backend, Ownership(paths.default_lock_dir(), args.cgroup_group, state_dir),
+                                     teardown_holder(socket, state_dir, args.cgroup_group))
+    except AdloaderError as exc:
+        log.error("%s", exc)
+        return 1
+    log.info("removed %d job group(s) and the %s group %r: no adloader limit is left", len(removed), backend.name,
+             args.cgroup_group)
+    return 0
 
 
 def _build(args: argparse.Namespace) -> Controller:

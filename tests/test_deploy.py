@@ -71,7 +71,7 @@ def test_the_units_command_line_parses_and_matches_its_directories() -> None:
     exec_start = _unit_value(entries, "Service", "ExecStart")
     expanded = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: defaults[m.group(1) or m.group(2)], exec_start)
     executable, *argv = shlex.split(expanded)
-    assert executable == "/usr/local/bin/adloader"
+    assert executable == "/opt/adloader/bin/adloader"  # the venv install.sh --system makes
     command, args = _adloader_args(argv)
     assert command == "controller"
     runtime_dir = Path("/run") / _unit_value(entries, "Service", "RuntimeDirectory")
@@ -87,7 +87,7 @@ def test_systemd_analyze_verify_accepts_the_unit(tmp_path: Path) -> None:
     program.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m adloader \"$@\"\n")
     program.chmod(0o755)
     unit = tmp_path / UNIT.name
-    unit.write_text(UNIT.read_text().replace("/usr/local/bin/adloader", str(program)))
+    unit.write_text(UNIT.read_text().replace("/opt/adloader/bin/adloader", str(program)))
     check = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60,
                            env={**os.environ, "SYSTEMD_LOG_LEVEL": "warning"})
     assert check.returncode == 0 and not (check.stdout + check.stderr).strip(), check.stdout + check.stderr

@@ -135,6 +135,9 @@ class AffinityBackend:
             job.cpus = None
             self._apply(job_id, job)
 
+    def remove_group(self) -> None:
+        """Nothing to remove: the fallback makes no groups."""
+
     def release(self, job_id: str) -> None:
         job = self._job(job_id)
         if job.cpus is not None:

@@ -82,3 +82,7 @@ class ResourceBackend(Protocol):
     def tidy(self) -> None:
         """Once per control period: remove what a scheduler had to leave behind because a
         job's group was nested in its cgroups when it cleaned up (cgroup v1, see CgroupV1Backend)."""
+
+    def remove_group(self) -> None:
+        """Remove the (job-free) group under which job groups are made, moving any pid still
+        in it to the parent; a missing group is already removed (uninstall)."""

@@ -31,6 +31,7 @@ from controller.backends.cgroupfs import (
     read_pid_list,
     remove_if_unused,
     shares_of,
+    write_interface,
 )
 from controller.backends.placement import cgroups_of, detect_scheduler, find_job_groups, parent_below, relative
 from controller.cpuspec import CpuSpecError, parse_cpus
@@ -283,6 +284,15 @@ class CgroupV1Backend:
                     log.info("removed %s: the scheduler left it behind, empty, because of our group", directory)
                     directory = directory.parent
         self._leftovers = pending
+
+    def remove_group(self) -> None:
+        for hierarchy in self._hierarchies:
+            group_dir = self._dir(hierarchy)
+            root_procs = self.root / hierarchy / "cgroup.procs"
+            drain_and_rmdir(group_dir, lambda d=group_dir: read_pid_list(d / "cgroup.procs"),
+                            lambda pid, h=hierarchy, r=root_procs: write_interface(r, str(pid), f"moving pid {pid} "
+                                                                                f"out of the {h} group"))
+        self._nodes.clear()
 
     def release(self, job_id: str) -> None:
         if "cpu" in self._hierarchies:

@@ -222,6 +222,12 @@ class CgroupV2Backend:
             self._found.pop(job_id, None)
             self._schedulers.pop(job_id, None)
 
+    def remove_group(self) -> None:
+        group_dir = self._dir()
+        root_procs = self.root / "cgroup.procs"
+        drain_and_rmdir(group_dir, lambda: read_pid_list(group_dir / "cgroup.procs"),
+                        lambda pid: write_interface(root_procs, str(pid), f"moving pid {pid} out of the group"))
+
     def release(self, job_id: str) -> None:
         if "cpu" in self._controllers:
             self.set_cpu_quota(job_id, None)
