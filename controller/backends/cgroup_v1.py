@@ -286,13 +286,13 @@ class CgroupV1Backend:
         self._leftovers = pending
 
     def remove_group(self) -> None:
+        """The bare node's group (nested groups go with their last job, in remove())."""
         for hierarchy in self._hierarchies:
-            group_dir = self._dir(hierarchy)
+            group_dir = self.root / hierarchy / self.group
             root_procs = self.root / hierarchy / "cgroup.procs"
             drain_and_rmdir(group_dir, lambda d=group_dir: read_pid_list(d / "cgroup.procs"),
                             lambda pid, h=hierarchy, r=root_procs: write_interface(r, str(pid), f"moving pid {pid} "
                                                                                 f"out of the {h} group"))
-        self._nodes.clear()
 
     def release(self, job_id: str) -> None:
         if "cpu" in self._hierarchies:

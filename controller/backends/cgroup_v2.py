@@ -223,7 +223,8 @@ class CgroupV2Backend:
             self._schedulers.pop(job_id, None)
 
     def remove_group(self) -> None:
-        group_dir = self._dir()
+        """The bare node's group (nested groups go with their last job, in remove())."""
+        group_dir = self.root / self.group
         root_procs = self.root / "cgroup.procs"
         drain_and_rmdir(group_dir, lambda: read_pid_list(group_dir / "cgroup.procs"),
                         lambda pid: write_interface(root_procs, str(pid), f"moving pid {pid} out of the group"))
