@@ -180,3 +180,18 @@ def test_on_the_real_kernel_a_busy_parent_hands_its_processes_to_a_leaf(children
         for directory in sorted((d for d in top.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts)) + [top]:
             if directory.exists():
                 directory.rmdir()
+
+
+def test_a_controller_in_a_private_cgroup_namespace_places_jobs_at_their_real_path(root: Path) -> None:
+    """A DaemonSet pod on cgroup v2 has its own cgroup namespace (containerd's default): it
+    sees another pod's container as ``/../../../../kubepods.slice/...``, relative to its own cgroup."""
+    make_group(root / "kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-podc.slice/"
+                                  "cri-containerd-ctl.scope", cgroup__procs=f"{os.getpid()}\n")
+    parent = _layout(root, LAYOUTS["kubelet-systemd"][1], "job-a")
+    real = "/" + str(parent.relative_to(root))
+    (root.parent / "proc" / str(LAUNCHER) / "cgroup").write_text(f"0::/../../../..{real}\n")
+    (root.parent / "proc" / str(os.getpid())).mkdir()
+    (root.parent / "proc" / str(os.getpid()) / "cgroup").write_text("0::/\n")
+    backend = _backend(root)
+    assert backend.create("job-a", near_pid=LAUNCHER) == str(parent / GROUP / "job-a")
+    assert backend.placement("job-a").scheduler == "kubernetes"

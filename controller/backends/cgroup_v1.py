@@ -33,7 +33,7 @@ from controller.backends.cgroupfs import (
     shares_of,
     write_interface,
 )
-from controller.backends.placement import cgroups_of, detect_scheduler, find_job_groups, parent_below, relative
+from controller.backends.placement import detect_scheduler, find_job_groups, launcher_cgroups, parent_below, relative
 from controller.cpuspec import CpuSpecError, parse_cpus
 
 log = logging.getLogger(__name__)
@@ -121,7 +121,7 @@ class CgroupV1Backend:
     def create(self, job_id: str, near_pid: int | None = None) -> str:
         check_name(job_id)
         if job_id not in self._jobs:
-            current = cgroups_of(near_pid, self._proc) if near_pid is not None else {}
+            current = launcher_cgroups(near_pid, self._proc, lambda h: self.root / h) if near_pid is not None else {}
             if job_id in self._found:
                 nodes = self._job_nodes(job_id)
             else:

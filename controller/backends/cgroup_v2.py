@@ -30,7 +30,14 @@ from controller.backends.cgroupfs import (
     remove_if_unused,
     write_interface,
 )
-from controller.backends.placement import UNIFIED, cgroups_of, detect_scheduler, find_job_groups, parent_below, relative
+from controller.backends.placement import (
+    UNIFIED,
+    detect_scheduler,
+    find_job_groups,
+    launcher_cgroups,
+    parent_below,
+    relative,
+)
 from controller.cpuspec import CpuSpecError, format_cpus, parse_cpus
 
 _CAPABILITY_OF_CONTROLLER = {"cpu": "cpu_quota", "cpuset": "cpuset", "io": "read_bps"}
@@ -121,7 +128,7 @@ class CgroupV2Backend:
         check_name(job_id)
         if job_id in self._jobs:
             return str(self._jobs[job_id])
-        current = cgroups_of(near_pid, self._proc) if near_pid is not None else {}
+        current = launcher_cgroups(near_pid, self._proc, lambda _: self.root) if near_pid is not None else {}
         if job_id in self._found:
             job_dir = self._found.pop(job_id)
         else:

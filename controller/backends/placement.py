@@ -15,7 +15,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,47 @@ def cgroups_of(pid: int, proc: Path = Path("/proc")) -> dict[str, str]:
             if controller:
                 paths[controller] = path
     return paths
+
+
+def launcher_cgroups(pid: int, proc: Path, mount_of: Callable[[str], Path], own_pid: int | None = None) -> dict[str, str]:
+    """cgroups_of(pid), each path made a path in its hierarchy's mount (see in_mount)."""
+    own_pid = os.getpid() if own_pid is None else own_pid
+    shown = cgroups_of(pid, proc)
+    own = cgroups_of(own_pid, proc) if any(p.startswith("/..") for p in shown.values()) else {}
+    return {h: in_mount(path, mount_of(h), own.get(h, "/"), own_pid) for h, path in shown.items()}
+
+
+def in_mount(shown: str, mount: Path, own_shown: str, own_pid: int) -> str:
+    """``shown`` (a path from another process's /proc/PID/cgroup) as a path in ``mount``.
+
+    A controller in a container with a private cgroup namespace (containerd's default
+    on cgroup v2, so a Kubernetes DaemonSet pod) sees other containers' cgroups as
+    ``/../../kubepods.slice/...``: relative to its own namespace's root. That root is
+    where its own process really is (found in ``mount``, the host's tree, by its pid),
+    less its own path as it sees it (``own_shown``). Paths without ``..`` are returned
+    as they are."""
+    if not shown.startswith("/.."):
+        return shown
+    own_real = _find_pid(mount, own_pid)
+    if own_real is None:
+        return shown
+    depth = len([p for p in own_shown.split("/") if p])
+    root = own_real.parts[: len(own_real.parts) - depth] if depth else own_real.parts
+    resolved = os.path.normpath("/" + "/".join(root) + "/" + shown.lstrip("/"))
+    return resolved if not resolved.startswith("/..") else shown
+
+
+def _find_pid(mount: Path, pid: int) -> Path | None:
+    """The cgroup (relative to ``mount``) whose cgroup.procs lists ``pid``; None if none does."""
+    for directory, _, files in os.walk(mount):
+        if "cgroup.procs" in files:
+            try:
+                pids = (Path(directory) / "cgroup.procs").read_text().split()
+            except OSError:
+                continue
+            if str(pid) in pids:
+                return Path(directory).relative_to(mount)
+    return None
 
 
 def detect_scheduler(paths: Iterable[str]) -> str:
