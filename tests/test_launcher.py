@@ -15,7 +15,9 @@ from typing import Callable
 
 import pytest
 
-from fixtures.managed import REPO, ControllerProcess, JobProcess, base_environment, wait_until
+from fixtures.managed import (
+    REPO, ControllerProcess, JobProcess, base_environment, default_signal_dispositions, wait_until,
+)
 from launcher.cli import load_features
 from launcher.run import default_name, exit_code_of, gpus_from_environment
 
@@ -78,6 +80,37 @@ def test_a_signal_sent_to_the_launcher_reaches_the_command_and_its_death_is_the_
     assert job.wait(20) == 128 + signum
 
 
+def test_a_signal_the_launcher_inherited_ignored_stays_ignored_by_the_command(tmp_path: Path) -> None:
+    """``nohup adloader run -- CMD``: the command ignores SIGHUP as the launcher's parent asked,
+    so a forwarded SIGHUP leaves it running (a test run under nohup once saw this as a launcher
+    that "did not exit": the test's commands inherited the ignored SIGHUP, see
+    fixtures.managed.default_signal_dispositions)."""
+    ready = tmp_path / "ready"
+
+    def nohup() -> None:
+        default_signal_dispositions()
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+    stderr = (tmp_path / "launcher.err").open("w")
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "adloader", "--log-level", "DEBUG", "run", "--name", "nohup", "--",
+         *_python(READY_THEN_SLEEP, ready)],
+        stdout=subprocess.DEVNULL, stderr=stderr, cwd=REPO, env=base_environment(ADLOADER_SOCKET=str(tmp_path / "no.sock")),
+        start_new_session=True, preexec_fn=nohup,
+    )
+    try:
+        wait_until(ready.exists, 20, "the command to start")
+        launcher.send_signal(signal.SIGHUP)
+        wait_until(lambda: "forwarding SIGHUP" in (tmp_path / "launcher.err").read_text(), 20, "the forwarded SIGHUP")
+        launcher.send_signal(signal.SIGTERM)  # forwarded after SIGHUP: 129 if SIGHUP had ended the command
+        assert launcher.wait(20) == 128 + signal.SIGTERM
+    finally:
+        stderr.close()
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+
+
 def test_a_command_that_handles_sigterm_decides_the_exit_code(
     start_job: Callable[..., JobProcess], tmp_path: Path,
 ) -> None:
@@ -97,6 +130,7 @@ def test_ctrl_c_on_a_terminal_reaches_the_command_once(tmp_path: Path) -> None:
     environ = base_environment(ADLOADER_SOCKET=str(tmp_path / "none.sock"))
 
     def take_terminal() -> None:  # runs in the child after setsid: make the pty its controlling terminal
+        default_signal_dispositions()
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 
     launcher = subprocess.Popen(
