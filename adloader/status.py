@@ -24,8 +24,11 @@ EXIT_NO_CONTROLLER = 2
 EXIT_REFUSED = 1
 """The controller refused the request, or the command line asks for nothing sensible."""
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
+DEFAULT_CPU_WEIGHT = 100
+"""The weight of a group nobody weighted (cgroup v2's cpu.weight default; v1 cpu.shares 1024)."""
 
-COLUMNS = ("JOB", "ID", "STATE", "GPUS", "SAMPLES/S", "MAX/S", "GPU IDLE", "CORES", "WORKERS", "READ BW", "DATA WAIT")
+COLUMNS = ("JOB", "ID", "STATE", "GPUS", "SAMPLES/S", "MAX/S", "GPU IDLE", "CORES", "WEIGHT", "WORKERS", "READ BW",
+           "DATA WAIT")
 RIGHT_ALIGNED = frozenset(COLUMNS[3:])
 
 
@@ -103,7 +106,8 @@ def _render_json(snapshot: NodeSnapshot, now: float) -> str:
 
 def render_table(snapshot: NodeSnapshot, now: float) -> str:
     """The node line, then one row per job. Pure: ``now`` is the Unix time to show ages against."""
-    rows = [COLUMNS, *(_job_row(job) for job in snapshot.jobs)]
+    shares = effective_cores(snapshot)
+    rows = [COLUMNS, *(_job_row(job, shares.get(job.job_id)) for job in snapshot.jobs)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     lines = [_node_line(snapshot, now), ""]
     for row in rows:
@@ -114,7 +118,31 @@ def render_table(snapshot: NodeSnapshot, now: float) -> str:
         lines.append("(no jobs: start one with 'adloader run -- CMD')")
     if any(job.max_sps_measured is None and job.max_sps_predicted is not None for job in snapshot.jobs):
         lines.append("~ predicted max samples/s (not measured yet)")
+    if shares:
+        lines.append("~ cores: what the job's CPU weight gives it when every job wants CPU (it may use more "
+                     "while others idle)")
     return "\n".join(lines)
+
+
+def effective_cores(node: NodeSnapshot) -> dict[str, float]:
+    """Cores each job without a CPU quota gets when every job is busy: its weight's share of
+    the cores left, after the quotas, on the CPU set it shares with others (a job with no
+    weight counts with the kernel's default). Job id -> cores; pure.
+
+    Jobs are grouped by identical CPU sets; partly overlapping sets, and weights that do not
+    act across different parent cgroups (nested placement), make this an approximation."""
+    by_cpus: dict[tuple[int, ...], list[JobSnapshot]] = {}
+    for job in node.jobs:
+        if job.state != "gone":
+            by_cpus.setdefault(tuple(job.cpus or node.cpus), []).append(job)
+    shares: dict[str, float] = {}
+    for cpus, jobs in by_cpus.items():
+        room = max(0.0, len(cpus) - sum(job.cores for job in jobs if job.cores is not None))
+        weighted = [job for job in jobs if job.cores is None]
+        total = sum(job.cpu_weight or DEFAULT_CPU_WEIGHT for job in weighted)
+        for job in weighted:
+            shares[job.job_id] = room * (job.cpu_weight or DEFAULT_CPU_WEIGHT) / total
+    return shares
 
 
 def _node_line(node: NodeSnapshot, now: float) -> str:
@@ -124,7 +152,14 @@ def _node_line(node: NodeSnapshot, now: float) -> str:
             f"{len(node.jobs)} jobs  {node.connected_clients} clients  up {_duration(now - node.started_at)}")
 
 
-def _job_row(job: JobSnapshot) -> tuple[str, ...]:
+def cores_text(job: JobSnapshot, share: float | None) -> str:
+    """A job's CPU as status shows it: its quota, else ``~`` and its weight's share, else ``-``."""
+    if job.cores is not None:
+        return f"{job.cores:.1f}"
+    return f"~{share:.1f}" if share is not None else "-"
+
+
+def _job_row(job: JobSnapshot, share: float | None) -> tuple[str, ...]:
     if job.max_sps_measured is not None:
         max_sps = _rate(job.max_sps_measured)
     elif job.max_sps_predicted is not None:
@@ -134,7 +169,8 @@ def _job_row(job: JobSnapshot) -> tuple[str, ...]:
     workers = f"{job.workers_running}/{job.workers_target if job.workers_target is not None else '-'}"
     return (
         job.name, job.job_id, job.state, str(job.gpus), _rate(job.achieved_sps), max_sps,
-        _percent(job.gpu_idle_ratio), f"{job.cores:.1f}" if job.cores is not None else "-", workers,
+        _percent(job.gpu_idle_ratio), cores_text(job, share),
+        str(job.cpu_weight) if job.cpu_weight is not None else "-", workers,
         _bytes_per_second(job.read_bps), _percent(job.data_wait_ratio),
     )
 

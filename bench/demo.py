@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from adloader.errors import AdloaderError
+from adloader.status import cores_text, effective_cores
 from bench import report
 from bench.mix import DEFAULT_MIX, load_mix
 from bench.node import CACHE_DIR, QUICK_SCALE, benchmark, goal_lines, node_setup
@@ -76,7 +77,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 class LiveLine:
-    """Redraws one status line per poll: policy, time, and each job's cores and samples/s."""
+    """Redraws one status line per poll: policy, time, and each job's CPU and GPU idle in the words
+    and forms of ``adloader status`` (CORES: a quota, or ``~`` the share a WEIGHT gives; GPU IDLE)."""
 
     def __init__(self) -> None:
         self.tty = sys.stdout.isatty()
@@ -90,6 +92,7 @@ class LiveLine:
             self.last_policy = policy
         parts = []
         by_name = {j.name: j for j in snapshot.jobs} if snapshot is not None else {}
+        shares = effective_cores(snapshot) if snapshot is not None else {}
         for outcome in jobs:
             name = outcome.spec.name
             if outcome.ended_s is not None:
@@ -99,14 +102,9 @@ class LiveLine:
             if job is None or job.achieved_sps is None:
                 parts.append(f"{name} starting")
                 continue
-            if job.cores is not None:
-                cpu = f"quota {job.cores:.2f}"
-            elif job.cpu_weight is not None:
-                cpu = f"weight {job.cpu_weight}"
-            else:
-                cpu = "fair share"
-            busy = f"{1 - job.gpu_idle_ratio:.0%}" if job.gpu_idle_ratio is not None else "-"
-            parts.append(f"{name} {cpu} busy {busy}")
+            weight = f" weight {job.cpu_weight}" if job.cpu_weight is not None else ""
+            idle = f"{job.gpu_idle_ratio:.0%}" if job.gpu_idle_ratio is not None else "-"
+            parts.append(f"{name} cores {cores_text(job, shares.get(job.job_id))}{weight} gpu idle {idle}")
         line = f"  {elapsed:5.1f}s  " + " | ".join(parts)
         if self.tty:
             sys.stdout.write("\r" + line[: self.width - 1].ljust(self.width - 1))

@@ -53,6 +53,9 @@ class JobMetric:
     value: Callable[[JobSnapshot], float | None]
 
 
+KERNEL_DEFAULT_CPU_WEIGHT = 100
+"""cpu.weight of a group nobody weighted (v1: cpu.shares 1024); adloader status counts the same."""
+
 JOB_METRICS: tuple[JobMetric, ...] = (
     JobMetric("adloader_job_gpus", "gauge", "GPUs the job holds on this node.", lambda j: j.gpus),
     JobMetric("adloader_job_ranks_reporting", "gauge", "Ranks whose loader reported recently.",
@@ -72,6 +75,10 @@ JOB_METRICS: tuple[JobMetric, ...] = (
               "Share of step time spent waiting for data over the last window.", lambda j: j.data_wait_ratio),
     JobMetric("adloader_job_cores", "gauge", "CPU cores given to the job (cgroup quota); absent when unlimited.",
               lambda j: j.cores),
+    JobMetric("adloader_job_cpu_weight", "gauge",
+              "CPU weight of the job's group (cgroup v2 cpu.weight scale; v1 cpu.shares = weight*1024/100): its "
+              "share of contended CPUs, work-conserving. 100, the kernel's default, when the policy set none.",
+              lambda j: j.cpu_weight if j.cpu_weight is not None else KERNEL_DEFAULT_CPU_WEIGHT),
     JobMetric("adloader_job_workers_target", "gauge", "DataLoader workers the controller asks for, all ranks.",
               lambda j: j.workers_target),
     JobMetric("adloader_job_workers_running", "gauge", "DataLoader workers the job's loaders say they run.",

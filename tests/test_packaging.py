@@ -94,5 +94,6 @@ def test_the_wheel_in_a_fresh_venv_runs_the_quick_demo(artefacts: tuple[Path, Pa
                           capture_output=True, text=True, timeout=900, cwd=tmp_path, env=environ)
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
     assert "running even ..." in demo.stdout and "running adaptive ..." in demo.stdout
+    assert " cores " in demo.stdout and " gpu idle " in demo.stdout  # progress in adloader status's words
     assert (tmp_path / "demo" / "demo.json").exists()
     assert os.path.getsize(tmp_path / "demo" / "demo.json") > 0

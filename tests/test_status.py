@@ -15,7 +15,7 @@ from typing import Callable
 
 from adloader import __version__
 from adloader.client import ControllerClient
-from adloader.status import CLEAR_SCREEN, COLUMNS, EXIT_NO_CONTROLLER, fetch, render_table
+from adloader.status import CLEAR_SCREEN, COLUMNS, EXIT_NO_CONTROLLER, effective_cores, fetch, render_table
 from controller.snapshot import JobSnapshot, NodeSnapshot
 from fixtures.managed import ControllerProcess, base_environment, wait_until
 from fixtures.processes import run_forked_as_nobody
@@ -31,8 +31,8 @@ def _node(*jobs: JobSnapshot) -> NodeSnapshot:
 
 
 def _job(job_id: str, name: str, **values: object) -> JobSnapshot:
-    return JobSnapshot(job_id=job_id, name=name, uid=0, gpus=4, state="running", launcher_pid=1, pids=(1,),
-                       cgroup="/x", registered_at=0.0, **values)
+    return JobSnapshot(**{"job_id": job_id, "name": name, "uid": 0, "gpus": 4, "state": "running",
+                          "launcher_pid": 1, "pids": (1,), "cgroup": "/x", "registered_at": 0.0, **values})
 
 
 def _rows(table: str) -> dict[str, list[str]]:
@@ -58,9 +58,25 @@ def test_table_shows_each_jobs_numbers_in_operator_units() -> None:
                  "3 clients", "up 3h02m"):
         assert part in head, part
     rows = _rows(table)
-    assert rows["j-1"] == ["resnet50", "j-1", "running", "4", "410", "500", "18%", "2.5", "5/6", "50 MB/s", "20%"]
-    assert rows["j-2"] == ["bert", "j-2", "running", "4", "-", "~88.2", "-", "-", "0/-", "-", "-"]
-    assert "~ predicted" in table
+    assert rows["j-1"] == ["resnet50", "j-1", "running", "4", "410", "500", "18%", "2.5", "-", "5/6", "50 MB/s",
+                           "20%"]
+    # No quota, no weight: the kernel's default weight over the 2.5 cores the quota leaves.
+    assert rows["j-2"] == ["bert", "j-2", "running", "4", "-", "~88.2", "-", "~2.5", "-", "0/-", "-", "-"]
+    assert "~ predicted" in table and "~ cores: what the job's CPU weight gives it" in table
+
+
+def test_a_weighted_job_shows_its_weight_and_the_cores_it_gives_on_the_contended_cpus() -> None:
+    """adaptive enforces with weights: status shows each weight and what it is worth in cores."""
+    heavy = _job("j-1", "resnet50", cpu_weight=300, cpus=(0, 1, 2, 3))
+    light = _job("j-2", "bert", cpu_weight=100, cpus=(0, 1, 2, 3))
+    capped = _job("j-3", "vit", cores=1.0, cpus=(6,))
+    alone = _job("j-4", "gpt", cpu_weight=50, cpus=(6,))
+    gone = _job("j-5", "old", cpu_weight=10_000, cpus=(0, 1, 2, 3), state="gone")
+    node = _node(heavy, light, capped, alone, gone)
+    assert effective_cores(node) == {"j-1": 3.0, "j-2": 1.0, "j-4": 0.0}  # the quota takes CPU 6 whole
+    rows = _rows(render_table(node, now=1000.0))
+    assert [rows[j][7:9] for j in ("j-1", "j-2", "j-3", "j-4")] == [
+        ["~3.0", "300"], ["~1.0", "100"], ["1.0", "-"], ["~0.0", "50"]]
 
 
 def test_table_of_an_empty_node_says_how_to_start_a_job() -> None:
