@@ -1,15 +1,17 @@
 """``adloader.describe_model``: a model's features for the controller, counted without running it.
 
 A thin wrapper of :func:`throughput_model.features.describe`: the job calls it once at
-start (before training) and sends the flat dict in ``Register.features`` / ``Report.features``;
-what could not be counted is logged as a warning and marked in ``count_complete``.
+start (before training). In a managed job its loaders' reporter sends the flat dict in
+``Report.features`` (the controller predicts M from it when the launcher's
+``--model-features`` gave none); what could not be counted is logged as a warning and
+marked in ``count_complete``.
 """
 from __future__ import annotations
 
 import logging
 from typing import Any, Callable
 
-from adloader import env
+from adloader import env, reporter
 
 log = logging.getLogger(__name__)
 
@@ -31,4 +33,6 @@ def describe_model(
                            gpus=gpus if gpus is not None else env.world_size())
     for note in description.notes:
         log.warning("describe_model: %s", note)
+    if reporter.is_managed():
+        reporter.announce_features(description.features)
     return description.features

@@ -19,7 +19,7 @@ import math
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Union
+from typing import Any, ClassVar, TypeVar, Union
 
 from adloader.errors import ProtocolError
 
@@ -28,6 +28,7 @@ MAX_LINE_BYTES = 128 * 1024
 MAX_STRING = 4096
 MAX_LIST = 4096
 MAX_NUMBER = 1e18  # larger than any real counter, small enough to stay exact-ish as float
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,8 @@ class Report(Message):
     read_bytes: int = 0
     num_workers: int = 0
     features: dict[str, float] | None = None
+    """The job's model features (``adloader.describe_model``), sent with its reports until
+    the controller has answered one: it predicts M from them when the launcher had none."""
 
 
 @dataclass(frozen=True)
@@ -123,18 +126,93 @@ class Registered(Message):
 
 @dataclass(frozen=True)
 class Target(Message):
-    """What the job should use now. None means 'keep what you have'."""
+    """What the job should use now: its loader worker count per rank (None: keep what you
+    have). CPU limits are the kernel's business (the job's cgroup), not the job's."""
 
     TYPE: ClassVar[str] = "target"
     num_workers: int | None = None
+
+
+@dataclass(frozen=True)
+class JobSnapshot:
+    """One job as ``adloader status`` and the metrics show it. Limits are what the kernel
+    accepted (the applied allocation), not merely what the policy decided."""
+
+    job_id: str
+    name: str
+    uid: int
+    gpus: int
+    state: str
+    """"starting" (registered, no report yet), "running", or "gone" (being removed)."""
+    launcher_pid: int
+    pids: tuple[int, ...]
+    cgroup: str
+    registered_at: float
+    """Unix time of registration."""
+    ranks_reporting: int = 0
+    batch_size: int | None = None
     cores: float | None = None
+    cpu_weight: int | None = None
+    cpus: tuple[int, ...] | None = None
+    read_bps: int | None = None
+    failed_to_apply: dict[str, str] = field(default_factory=dict)
+    """Allocation fields the kernel refused at the last control step, with the error; they
+    keep their applied value above and are retried every period."""
+    workers_target: int | None = None
+    workers_running: int = 0
+    """Sum over ranks of the workers each loader says it runs."""
+    achieved_sps: float | None = None
+    """Samples/s over the last window, all ranks."""
+    max_sps_predicted: float | None = None
+    max_sps_predicted_interval: tuple[float, float] | None = None
+    max_sps_measured: float | None = None
+    """M measured over each rank's whole run (the M the policy plans with)."""
+    gpu_idle_ratio: float | None = None
+    """1 - achieved/max, clipped to [0, 1]."""
+    data_wait_ratio: float | None = None
+    """Share of step time spent waiting for data over the last window."""
+    samples_total: int = 0
+    data_wait_seconds_total: float = 0.0
+    compute_seconds_total: float = 0.0
+    loader_cpu_seconds_total: float = 0.0
+    read_bytes_total: int = 0
+    cpu_seconds_total: float = 0.0
+    """CPU time of the whole cgroup (cpuacct / cpu.stat)."""
+
+
+@dataclass(frozen=True)
+class NodeSnapshot:
+    """The node at one control step: what ``adloader status``, the Prometheus exporter and
+    the benchmarks read, and all they read."""
+
+    version: str
+    policy: str
+    backend: str
+    started_at: float
+    period_s: float
+    cpus: tuple[int, ...]
+    read_bps: float | None
+    read_device: str | None
+    jobs: tuple[JobSnapshot, ...] = ()
+    connected_clients: int = 0
+    last_loop_seconds: float = 0.0
+    reallocations_total: dict[str, int] = field(default_factory=dict)
+    """Reallocations by reason ("arrival", "departure", "gain", "policy_change", "adoption")."""
+    errors_total: dict[str, int] = field(default_factory=dict)
+    """Protocol and internal errors by kind (the error code)."""
+    state_write_failures_total: int = 0
+    state_corruptions_total: int = 0
+    backend_failures_total: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (``adloader status --json``); :func:`decode_object` reads it back."""
+        return plain(self)
 
 
 @dataclass(frozen=True)
 class Status(Message):
     TYPE: ClassVar[str] = "status_reply"
-    node: dict[str, Any] = field(default_factory=dict)
-    jobs: list[dict[str, Any]] = field(default_factory=list)
+    node: NodeSnapshot
 
 
 @dataclass(frozen=True)
@@ -224,29 +302,39 @@ def decode(line: bytes | str) -> Message:
     cls = MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise ProtocolError("unknown_type", f"unknown message type {str(kind)[:64]!r}; known: {sorted(MESSAGE_TYPES)}")
-    return _build(cls, obj)
+    return _build(cls, obj, cls.TYPE)
+
+
+def decode_object(cls: type[T], obj: Any, where: str) -> T:
+    """Build the dataclass ``cls`` from a JSON object with the same checks as :func:`decode`
+    (every field's type, nested dataclasses, ranges, unknown and missing fields): the one
+    typed decoder for the wire and for the controller's state file. ``where`` names the
+    object in error messages ("jobs.j1a2b3c4")."""
+    if not isinstance(obj, dict):
+        raise _type_error(where, "an object", obj)
+    return _build(cls, obj, where)
 
 
 def _reject_constant(name: str) -> Any:
     raise ProtocolError("bad_number", f"{name} is not allowed in messages")
 
 
-def _build(cls: type[Message], obj: dict[str, Any]) -> Message:
+def _build(cls: type[T], obj: dict[str, Any], where: str) -> T:
     fields, hints = _fields(cls), _hints(cls)
     unknown = set(obj) - set(fields)
     if unknown:
-        raise ProtocolError("unknown_field", f"{cls.TYPE}: unknown field(s) {sorted(unknown)[:8]}")
+        raise ProtocolError("unknown_field", f"{where}: unknown field(s) {sorted(unknown)[:8]}")
     kwargs: dict[str, Any] = {}
     for name, f in fields.items():
         if name not in obj:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise ProtocolError("missing_field", f"{cls.TYPE}: required field {name!r} is missing")
+                raise ProtocolError("missing_field", f"{where}: required field {name!r} is missing")
             continue
-        kwargs[name] = _check(obj[name], hints[name], f"{cls.TYPE}.{name}")
-    for name, (low, high) in cls.RANGES.items():
+        kwargs[name] = _check(obj[name], hints[name], f"{where}.{name}")
+    for name, (low, high) in getattr(cls, "RANGES", {}).items():
         value = kwargs.get(name)
         if value is not None and not low <= value <= high:
-            raise ProtocolError("bad_number", f"{cls.TYPE}.{name}={value} is outside [{low:g}, {high:g}]")
+            raise ProtocolError("bad_number", f"{where}.{name}={value} is outside [{low:g}, {high:g}]")
     return cls(**kwargs)
 
 
@@ -260,6 +348,10 @@ def _check(value: Any, hint: Any, where: str) -> Any:
         return _check(value, inner[0], where)
     if hint is Any:
         return value
+    if dataclasses.is_dataclass(hint):
+        if not isinstance(value, dict):
+            raise _type_error(where, "an object", value)
+        return _build(hint, value, where)
     if hint is str:
         if not isinstance(value, str):
             raise _type_error(where, "a string", value)
@@ -288,6 +380,16 @@ def _check(value: Any, hint: Any, where: str) -> Any:
         if len(value) > MAX_LIST:
             raise ProtocolError("bad_field", f"{where}: list longer than {MAX_LIST}")
         return [_check(item, args[0], f"{where}[]") for item in value]
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise _type_error(where, "a list", value)
+        if len(args) == 2 and args[1] is Ellipsis:
+            if len(value) > MAX_LIST:
+                raise ProtocolError("bad_field", f"{where}: list longer than {MAX_LIST}")
+            return tuple(_check(item, args[0], f"{where}[]") for item in value)
+        if len(value) != len(args):
+            raise ProtocolError("bad_field", f"{where} must hold {len(args)} items, got {len(value)}")
+        return tuple(_check(item, arg, f"{where}[{i}]") for i, (item, arg) in enumerate(zip(value, args)))
     if origin is dict:
         if not isinstance(value, dict):
             raise _type_error(where, "an object", value)

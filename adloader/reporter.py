@@ -122,7 +122,8 @@ class Reporter:
             log.debug("adloader: the final report was not delivered: %s", exc)
 
     def build_report(self) -> protocol.Report:
-        """The report for now: summed counters, the active loader's worker count and batch size."""
+        """The report for now: summed counters, the active loader's worker count and batch size,
+        and the model's features until the controller has answered a report carrying them."""
         with self._lock:
             total = self._finished.copy()
             alive = []
@@ -148,6 +149,7 @@ class Reporter:
             worker_cpu_s=total.worker_cpu_s,
             read_bytes=total.read_bytes,
             num_workers=active.running_workers() if active is not None else 0,
+            features=None if _features_delivered.is_set() else _model_features,
         )
 
     def _pick_active(self, alive: list[tuple[weakref.ref, Reportable, Any]]) -> Reportable | None:
@@ -171,6 +173,8 @@ class Reporter:
         """Send one report and apply the reply. Raises ControllerUnavailable / ControllerRefused."""
         report = self.build_report()
         reply = self._client.request(report)
+        if report.features is not None:
+            _features_delivered.set()
         if isinstance(reply, protocol.Target) and reply.num_workers is not None:
             with self._lock:
                 active = self._active() if self._active is not None else None
@@ -212,6 +216,16 @@ class Reporter:
 
 _reporter: Reporter | None = None
 _reporter_lock = threading.Lock()
+_model_features: dict[str, float] | None = None
+_features_delivered = threading.Event()
+
+
+def announce_features(features: Mapping[str, float]) -> None:
+    """Send the model's features (``adloader.describe_model``) with this process's next reports,
+    so the controller predicts the job's M without the launcher's ``--model-features``."""
+    global _model_features
+    _model_features = {name: float(value) for name, value in features.items()}
+    _features_delivered.clear()
 
 
 def is_managed(environ: Mapping[str, str] | None = None) -> bool:

@@ -17,8 +17,8 @@ from typing import Callable, TextIO
 from adloader import paths, protocol
 from adloader.client import ControllerClient, connect_first
 from adloader.errors import AdloaderError, ControllerRefused, ControllerUnavailable
-from controller.cpuspec import format_cpus
-from controller.snapshot import JobSnapshot, NodeSnapshot
+from adloader.cpuspec import format_cpus
+from adloader.protocol import JobSnapshot, NodeSnapshot
 
 EXIT_NO_CONTROLLER = 2
 EXIT_REFUSED = 1
@@ -74,7 +74,7 @@ def fetch(client: ControllerClient) -> NodeSnapshot:
     reply = client.request(protocol.StatusRequest())
     if not isinstance(reply, protocol.Status):
         raise ControllerRefused("unexpected_reply", f"a status request was answered with {reply.TYPE!r}")
-    return NodeSnapshot.from_dict({**reply.node, "jobs": reply.jobs})
+    return reply.node
 
 
 def watch(client: ControllerClient, render: Callable[[NodeSnapshot, float], str], every: float,
@@ -121,6 +121,9 @@ def render_table(snapshot: NodeSnapshot, now: float) -> str:
     if shares:
         lines.append("~ cores: what the job's CPU weight gives it when every job wants CPU (it may use more "
                      "while others idle)")
+    for job in snapshot.jobs:
+        for field, error in sorted(job.failed_to_apply.items()):
+            lines.append(f"! {job.name} ({job.job_id}): {field} not applied, retrying each period: {error}")
     return "\n".join(lines)
 
 

@@ -45,7 +45,7 @@ from bench.reliability_node import Node
 from bench.reliability_state import (
     run_on_unwritable_state_dir, saved_state, small_tmpfs, start_on_state, state_variants,
 )
-from controller.cpuspec import parse_cpus
+from adloader.cpuspec import parse_cpus
 
 PERIOD = 0.5
 SETTLE_S = 2 * PERIOD + 3.0

@@ -102,8 +102,12 @@ def templates(job_ids: Iterable[str]) -> list[bytes]:
         protocol.StatusRequest(), protocol.SetPolicy(policy="even"), protocol.SetPolicy(policy="no-such-policy"),
         protocol.Register(name="resnet50", gpus=4, num_workers=8, features=features), protocol.Register(name="x"),
         protocol.Registered(job_id=ids[0], cgroup="/sys/fs/cgroup/cpu/adloader/j1", backend="cgroup-v1"),
-        protocol.Target(num_workers=3, cores=1.5), protocol.Ok(), protocol.Error(code="bad_json", message="no"),
-        protocol.Status(node={"policy": "even"}, jobs=[{"job_id": ids[0]}]),
+        protocol.Target(num_workers=3), protocol.Ok(), protocol.Error(code="bad_json", message="no"),
+        protocol.Status(node=protocol.NodeSnapshot(
+            version="0", policy="even", backend="cgroup-v1", started_at=0.0, period_s=1.0, cpus=(0,), read_bps=None,
+            read_device=None, jobs=(protocol.JobSnapshot(job_id=ids[0], name="x", uid=0, gpus=1, state="running",
+                                                         launcher_pid=1, pids=(1,), cgroup="g", registered_at=0.0),),
+        )),
     ]
     for job_id in ids:
         messages += [

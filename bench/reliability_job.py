@@ -59,7 +59,6 @@ class Progress:
     reconnects: int = 0
     """Reports that got through on a fresh connection after an outage."""
     target_workers: int | None = None
-    target_cores: float | None = None
     last_ok_wall: float | None = None
     wall: float = 0.0
 
@@ -100,7 +99,7 @@ class Reporter(threading.Thread):
             progress.refused[exc.code] = progress.refused.get(exc.code, 0) + 1
             return
         if isinstance(reply, protocol.Target):
-            progress.target_workers, progress.target_cores = reply.num_workers, reply.cores
+            progress.target_workers = reply.num_workers
         progress.reports_ok += 1
         progress.reconnects += self._down
         self._down = False
@@ -139,13 +138,14 @@ class HashingDataset:
         return torch.frombuffer(bytearray(digest), dtype=torch.uint8)
 
 
-def batches(batch_size: int, loader_workers: int | None) -> Iterator[None]:
+def batches(batch_size: int, loader_workers: int | None, load_rounds: int = 1) -> Iterator[None]:
     """One item per training step: a batch from adloader.DataLoader (its own reporter thread
     talks to the controller and applies its worker targets), or with ``loader_workers`` None
-    a step's worth of hashing in this process."""
+    a step's worth of hashing in this process (``load_rounds`` times 16 KiB)."""
     if loader_workers is None:
         while True:
-            hashlib.sha256(_WORK).digest()
+            for _ in range(load_rounds):
+                hashlib.sha256(_WORK).digest()
             yield None
     from adloader import DataLoader
 
@@ -156,7 +156,7 @@ def batches(batch_size: int, loader_workers: int | None) -> Iterator[None]:
 
 
 def train(seconds: float, step_s: float, batch_size: int, report_every: float,
-          loader_workers: int | None = None) -> Progress:
+          loader_workers: int | None = None, load_rounds: int = 1) -> Progress:
     progress, lock = Progress(job_id=env.job_id()), threading.Lock()
     compute = [0.0]
     reporter = None
@@ -170,7 +170,7 @@ def train(seconds: float, step_s: float, batch_size: int, report_every: float,
     deadline = time.monotonic() + seconds
     last_step: float | None = None  # gaps count from the first step: startup (torch, workers) is not a stall
     next_emit = 0.0
-    for loader in batches(batch_size, loader_workers):
+    for loader in batches(batch_size, loader_workers, load_rounds):
         if stopping.is_set() or time.monotonic() >= deadline:
             break
         started = time.monotonic()
@@ -201,10 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-s", type=float, default=0.05, help="GPU-emulated compute time per step")
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--report-every", type=float, default=0.25)
+    parser.add_argument("--load-rounds", type=int, default=1, metavar="N",
+                        help="without --dataloader: hash 16 KiB N times per step (the loading cost)")
     parser.add_argument("--dataloader", type=int, default=None, metavar="WORKERS",
                         help="load through adloader.DataLoader starting with WORKERS workers (its reporter reports)")
     args = parser.parse_args(argv)
-    train(args.seconds, args.step_s, args.batch_size, args.report_every, args.dataloader)
+    train(args.seconds, args.step_s, args.batch_size, args.report_every, args.dataloader, args.load_rounds)
     return 0
 
 

@@ -166,7 +166,9 @@ async def _echo(path: str) -> None:
     """The cheapest server that speaks the protocol: every line gets a canned reply at once
     (a status reply to a status request, a target to anything else). The baseline that shows
     what the machine itself adds to a reply's latency."""
-    status, target = protocol.encode(protocol.Status()), protocol.encode(protocol.Target(num_workers=1))
+    status, target = protocol.encode(protocol.Status(node=protocol.NodeSnapshot(
+        version="0", policy="even", backend="echo", started_at=0.0, period_s=1.0, cpus=(0,), read_bps=None,
+        read_device=None))), protocol.encode(protocol.Target(num_workers=1))
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

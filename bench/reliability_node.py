@@ -418,6 +418,6 @@ def _zombies() -> set[int]:
 
 
 def _format_cpus(cpus: Sequence[int]) -> str:
-    from controller.cpuspec import format_cpus
+    from adloader.cpuspec import format_cpus
 
     return format_cpus(tuple(cpus))

@@ -243,7 +243,7 @@ def _status(socket_path: Path) -> NodeSnapshot | None:
         return None
     if not isinstance(reply, protocol.Status):
         return None
-    return NodeSnapshot.from_dict({**reply.node, "jobs": reply.jobs})
+    return reply.node
 
 
 def _job_fields(job) -> dict:

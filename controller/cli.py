@@ -97,7 +97,7 @@ def _remove_groups(args: argparse.Namespace) -> int:
 def _build(args: argparse.Namespace) -> Controller:
     """The configured controller (its modules are imported here, so --help stays light)."""
     from controller.backends.cgroupfs import parse_device
-    from controller.cpuspec import CpuSpecError, online_cpus, parse_cpus
+    from adloader.cpuspec import CpuSpecError, online_cpus, parse_cpus
     from controller.daemon import Controller, ControllerConfig
 
     if (args.read_bps is None) != (args.read_device is None):

@@ -26,18 +26,22 @@ from adloader import __version__, paths, protocol
 from controller import faults
 from controller.backends.base import BackendError, ResourceBackend
 from controller.backends.detect import detect_backend
-from controller.cpuspec import format_cpus
+from adloader.cpuspec import format_cpus
 from controller.loop import ControlLoop
 from controller.ownership import Holder, Ownership
 from controller.worker_memory import WorkerMemory
 from controller.peer import peer_belongs_to_job
 from controller.policies import JobAllocation, NodeResources, PolicyError, make_policy, policy_names
-from controller.registry import Job, JobFinishedHook, Predictor, Recall, Registry
+from controller.priors import JobFinishedHook, Predictor, Recall
+from controller.registry import Job, Registry
 from controller.server import Connection, ControlServer, RequestRefused
 from controller.snapshot import NodeSnapshot
 from controller.state import STATE_VERSION, ControllerState, PersistedJob, StateStore, StateWriteError
 
 log = logging.getLogger(__name__)
+
+MODEL_CHECKPOINT_S = 10.0
+"""Longest time between two saves of what the jobs' models learnt (see Controller.step)."""
 
 
 def default_policy() -> str:
@@ -102,6 +106,7 @@ class Controller:
         self._wake: asyncio.Event | None = None
         self._stopping = False
         self._metrics = None
+        self._model_saved_at = 0.0
         self._published: NodeSnapshot = self.snapshot()
 
     # ------------------------------------------------------------------ lifecycle
@@ -191,6 +196,7 @@ class Controller:
             record = persisted.get(job_id) or self._rebuilt_record(job_id, pids)
             cgroup = self.backend.create(job_id)
             self.registry.adopt(replace(record, cgroup=cgroup))
+            self.loop.allocations.restore(job_id, record.wanted, record.applied)
             adopted += 1
             log.info("adopted job %s (%s) with %d live process(es)", job_id, record.name, len(pids))
             if adopted == 1:
@@ -208,8 +214,8 @@ class Controller:
             uid = 0
         return PersistedJob(
             job_id=job_id, name=f"adopted-{job_id}", uid=uid, gpus=1, launcher_pid=lowest,
-            registered_at=time.time(), cgroup="", allocation=JobAllocation(), requested_workers=None,
-            features=None,
+            registered_at=time.time(), cgroup="", wanted=JobAllocation(), applied=JobAllocation(),
+            requested_workers=None, features=None,
         )
 
     def _restore_saved_policy(self, name: str) -> None:
@@ -235,7 +241,7 @@ class Controller:
         if self._reap():
             events.add("departure")
         outcome = self.loop.step(self.registry, events)
-        if outcome.reason is not None or events:
+        if self.loop.allocations.dirty or events or self._model_checkpoint_due():
             self.save()
         self._published = self.snapshot()
         if self._metrics is not None:
@@ -252,7 +258,8 @@ class Controller:
             cpu_seconds = self._cpu_seconds(job.job_id)
             if not self._remove_group(job.job_id, why):
                 continue
-            self.registry.remove(job.job_id, pids=set(), cpu_seconds=cpu_seconds)
+            self.registry.remove(job.job_id, pids=set(), cpu_seconds=cpu_seconds,
+                                 allocation=self.loop.allocations.get(job.job_id))
             self.loop.forget(job.job_id)
             removed = True
         self.backend.tidy()
@@ -272,15 +279,23 @@ class Controller:
     def save(self) -> bool:
         """Write the state file; False (logged and counted) if it cannot be written."""
         state = ControllerState(
-            version=STATE_VERSION, policy=self.loop.policy.name, jobs=self.registry.persisted(), saved_at=0.0
+            version=STATE_VERSION, policy=self.loop.policy.name,
+            jobs=self.registry.persisted(self.loop.allocations), saved_at=0.0,
         )
         try:
-            self.store.save(state)
+            saved = self.store.save(state)
         except StateWriteError as exc:
             self.state_write_failures += 1
             log.error("%s", exc)
             return False
+        self.loop.allocations.dirty = False
+        self._model_saved_at = saved.saved_at
         return True
+
+    def _model_checkpoint_due(self) -> bool:
+        """What the jobs' models learnt is saved at least every MODEL_CHECKPOINT_S (with every
+        allocation change too), so a restart resumes from a recent model, not from scratch."""
+        return bool(len(self.registry)) and time.time() - self._model_saved_at >= MODEL_CHECKPOINT_S
 
     # ------------------------------------------------------------------ requests
 
@@ -335,7 +350,7 @@ class Controller:
                 )
             connection.verified_jobs.add(job.job_id)
         self.registry.record_report(job.job_id, message)
-        return protocol.Target(num_workers=job.allocation.workers, cores=job.allocation.cores)
+        return protocol.Target(num_workers=self.loop.allocations.get(job.job_id).wanted.workers)
 
     def _end(self, message: protocol.End, connection: Connection) -> protocol.Message:
         job = self._known_job(message.job_id)
@@ -364,9 +379,7 @@ class Controller:
         return protocol.Ok()
 
     def _status(self) -> protocol.Message:
-        data = self.snapshot().to_dict()
-        jobs = data.pop("jobs")
-        return protocol.Status(node=data, jobs=jobs)
+        return protocol.Status(node=self.snapshot())
 
     def _known_job(self, job_id: str) -> Job:
         job = self.registry.get(job_id)
@@ -393,7 +406,7 @@ class Controller:
 
     def snapshot(self) -> NodeSnapshot:
         jobs = tuple(
-            self.registry.snapshot(job, pids=self._pids(job.job_id), cpu_seconds=self._cpu_seconds(job.job_id))
+            self.registry.snapshot(job, pids=self._pids(job.job_id), allocation=self.loop.allocations.get(job.job_id))
             for job in self.registry
         )
         return NodeSnapshot(

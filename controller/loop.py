@@ -13,10 +13,11 @@ from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
+from adloader.cpuspec import format_cpus
 from controller import faults
+from controller.allocations import AllocationStore, ApplyFailure
 from controller.backends.base import BackendError, ResourceBackend
 from controller.change_clock import ChangeClock
-from controller.cpuspec import format_cpus
 from controller.policies.base import JobAllocation, JobView, NodeResources, Policy
 from controller.reconciler import Change, Failure, reconcile
 from controller.registry import Registry
@@ -41,7 +42,8 @@ class StepOutcome:
 
 
 class ControlLoop:
-    """Holds what the kernel has been given (``applied``) between steps, and the counters."""
+    """Writes the policy's decisions and the reconciler's results into ``allocations`` (the
+    one store of wanted and applied), and keeps the counters."""
 
     def __init__(
         self, backend: ResourceBackend, node: NodeResources, policy: Policy,
@@ -49,12 +51,13 @@ class ControlLoop:
         change_clock: ChangeClock | None = None,
         safety_net: SafetyNet | None = None,
         worker_memory: WorkerMemory | None = None,
+        allocations: AllocationStore | None = None,
     ) -> None:
         """``worker_memory``: caps each job's workers to what fits in its memory (None: no cap)."""
         self.backend = backend
         self.node = node
         self.policy = policy
-        self.applied: dict[str, JobAllocation] = {}
+        self.allocations = allocations if allocations is not None else AllocationStore()
         self.reallocations: Counter[str] = Counter()
         self.backend_failures = 0
         self.last_step_seconds = 0.0
@@ -64,18 +67,19 @@ class ControlLoop:
         self.worker_memory = worker_memory
 
     def forget(self, job_id: str) -> None:
-        """The job is gone: nothing of it is applied any more."""
-        self.applied.pop(job_id, None)
+        """The job is gone: nothing of it is wanted or applied any more."""
+        self.allocations.forget(job_id)
 
     def step(self, registry: Registry, events: Iterable[str] = ()) -> StepOutcome:
         """Decide, record and apply once. ``events`` are what happened since the last step
         ("arrival", "departure", "policy_change", "adoption"): they name the reason."""
         start = self._clock()
-        registry.predict_pending()
-        registry.observe_loading(self._cpu_seconds(registry))
+        registry.measure(self._cpu_seconds(registry))
         events = set(events)
+        store = self.allocations
+        applied = {job_id: store.get(job_id).applied for job_id in store}
         views = self.change_clock.annotate(
-            [replace(view, levers=self._levers(view.job_id)) for view in registry.views(self.applied)], events
+            [replace(view, levers=self._levers(view.job_id)) for view in registry.views(applied)], events
         )
         if self.worker_memory is not None:
             views = self.worker_memory.annotate(views, self._pids(views))
@@ -87,10 +91,10 @@ class ControlLoop:
             reason = "safety_net"
         changed = False
         for view in views:
-            new = wanted[view.job_id]
-            first = view.job_id not in self.applied  # arrived, or adopted from an earlier run
-            old = JobAllocation() if first else view.current
-            if registry.set_allocation(view.job_id, new) or (first and new != old):
+            new, record = wanted[view.job_id], store.get(view.job_id)
+            first = view.job_id not in store or not record.confirmed  # arrived, or adopted from an earlier run
+            old = JobAllocation() if first else record.wanted
+            if (store.want(view.job_id, new) or first) and new != old:
                 changed = True
                 log.info(
                     "job %s (%s): %s (policy %s, reason: %s)", view.job_id, view.name,
@@ -98,8 +102,11 @@ class ControlLoop:
                 )
         if changed:
             self.reallocations[reason] += 1
-        result = reconcile(self.backend, self.node, wanted, {k: v for k, v in self.applied.items() if k in wanted})
-        self.applied = {**{k: v for k, v in self.applied.items() if k not in wanted}, **result.applied}
+        in_force = {job_id: record.applied for job_id in wanted if (record := store.get(job_id)).confirmed}
+        result = reconcile(self.backend, self.node, wanted, in_force)
+        for job_id, applied in result.applied.items():
+            failures = tuple(ApplyFailure(f.field, f.error) for f in result.failures if f.job_id == job_id)
+            store.record_applied(job_id, applied, failures)
         self.change_clock.applied(wanted)
         self.backend_failures += len(result.failures)
         faults.hit("loop.after_reconcile")

@@ -85,6 +85,9 @@ JOB_METRICS: tuple[JobMetric, ...] = (
               lambda j: j.workers_running),
     JobMetric("adloader_job_read_bandwidth_limit_bytes_per_second", "gauge",
               "Read bandwidth limit on the node's data device; absent when unthrottled.", lambda j: j.read_bps),
+    JobMetric("adloader_job_unapplied_limits", "gauge",
+              "Limits the kernel refused at the last control step (the job keeps its previous ones; retried "
+              "every period).", lambda j: len(j.failed_to_apply)),
     JobMetric("adloader_job_samples_total", "counter", "Samples the job's loaders delivered.",
               lambda j: j.samples_total),
     JobMetric("adloader_job_data_wait_seconds_total", "counter", "Seconds the training steps waited for data.",

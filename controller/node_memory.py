@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from controller.history import FinishedJob, JobHistory
-from controller.registry import Recollection
+from controller.priors import Recollection
 from controller.snapshot import JobSnapshot
 
 log = logging.getLogger(__name__)

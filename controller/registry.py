@@ -1,19 +1,11 @@
-"""The controller's picture of its jobs: who registered, what each rank reported, and the
-rates derived from those reports over a sliding window.
+"""The job table: who registered, what each rank reported, and what each control step
+measured of each job.
 
-Reports carry cumulative counters (samples, data-wait and compute seconds, loader CPU
-seconds, bytes read). Rates are differences between the oldest and newest report of
-each rank inside the window, summed over ranks:
-
-- achieved T = d(samples)/dt, the job's samples/s;
-- data-wait ratio = d(data_wait_s) / (d(data_wait_s) + d(compute_s));
-- measured max throughput M = d(samples)/d(compute_s): the rate if data never stalled;
-- loader CPU seconds per sample p = d(worker_cpu_s)/d(samples);
-- bytes read per sample b = d(read_bytes)/d(samples).
-
-The registry does no I/O: the daemon hands it pids and CPU seconds read from the
-backend when it asks for snapshots. It builds the policy's JobViews and the
-read-only JobSnapshots; it never decides anything.
+Only the registry changes a :class:`Job`. Window maths lives in
+:mod:`controller.measurements`, the prediction and recollection seams in
+:mod:`controller.priors`, and what the policy, status and the state file see of a job
+in :mod:`controller.projections`. The registry does no I/O: the control loop hands it
+each job's CPU seconds (read once per step from the backend) in :meth:`Registry.measure`.
 """
 from __future__ import annotations
 
@@ -24,50 +16,16 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping
 
-from adloader.protocol import Report
+from adloader.protocol import JobSnapshot, Report
+from controller.allocations import AllocationStore, JobAllocations
+from controller.measurements import Measurement, RankWindow, measure
 from controller.policies.base import JobAllocation, JobView
-from controller.snapshot import JobSnapshot
-from controller.state import PersistedJob
+from controller.priors import JobFinishedHook, Prediction, Predictor, Recall, Recollection, predict
+from controller.projections import persisted_of, snapshot_of, view_of
+from controller.state import LearntModel, PersistedJob
 from throughput_model.curves import LoadingCurveEstimator
 
 log = logging.getLogger(__name__)
-
-Predictor = Callable[[dict[str, float], int], "tuple[float, float, float] | None"]
-"""(features, gpus) -> (M, low, high) samples/s, or None when it cannot tell."""
-JobFinishedHook = Callable[
-    [JobSnapshot, "dict[str, float] | None", "tuple[tuple[float, float], ...]", "int | None"], None]
-"""(final snapshot, the job's model features, its fitted loading-curve points, its exit code or None
-if the launcher went away without one): the job history's input."""
-Recall = Callable[[str, "dict[str, float] | None"], "Recollection | None"]
-"""(name, features) -> what earlier runs of the same job measured, or None (not a recurring job)."""
-
-
-@dataclass(frozen=True)
-class Recollection:
-    """What the node remembers of a recurring job's earlier runs (A-SRPT: most jobs recur).
-    It stands in for measurements until the job's own arrive, so its first allocation is
-    already sized: its length for ``jct``, its loading cost for every policy."""
-
-    samples: float | None = None
-    cpu_s_per_sample: float | None = None
-    bytes_per_sample: float | None = None
-
-MIN_BATCHES_FOR_M = 8
-"""The policy gets a measured M once a rank has run this many steps (until then the
-prediction, if any): the first steps are warm-up."""
-
-
-@dataclass(frozen=True)
-class Rates:
-    """What the reports of one job say over the window (None: not enough data yet)."""
-
-    achieved: float | None = None
-    data_wait_ratio: float | None = None
-    max_throughput: float | None = None
-    cpu_s_per_sample: float | None = None
-    bytes_per_sample: float | None = None
-    loader_cores: float | None = None
-    """Cores the loader workers used: d(worker_cpu_s)/dt."""
 
 
 @dataclass
@@ -86,33 +44,45 @@ class Job:
     cgroup: str
     requested_workers: int | None = None
     features: dict[str, float] | None = None
-    predicted: tuple[float, float, float] | None = None
+    predicted: Prediction | None = None
     """(M, low, high) from the predictor, until measurements take over."""
     remaining_samples: float | None = None
     total_samples: int | None = None
     """The job's length as it declared it at registration (``adloader run --samples``)."""
-    allocation: JobAllocation = field(default_factory=JobAllocation)
-    """The policy's latest decision for the job (the Target replies carry it)."""
     connected: bool = True
     """The launcher's registration connection is open."""
     exit_code: int | None = None
     """Set by End: the command has exited and the job no longer gets a share."""
     adopted: bool = False
-    ranks: dict[int, deque[tuple[float, Report]]] = field(default_factory=dict)
+    ranks: dict[int, RankWindow] = field(default_factory=dict)
     loading_curve: LoadingCurveEstimator = field(default_factory=LoadingCurveEstimator)
     """Fit of (cores, loading samples/s) from the job's windows (a recurring job's starts from its history)."""
     recollection: Recollection | None = None
     """What earlier runs of the same job measured (None: it has not run on this node)."""
+    restored: LearntModel = field(default_factory=LearntModel)
+    """What an earlier controller measured of the job (the state file): it stands in until
+    this controller measures the same."""
     cpu_samples: deque[tuple[float, float]] = field(default_factory=deque)
     """(monotonic time, CPU seconds of the job's whole group) over the window."""
+    measurement: Measurement = field(default_factory=Measurement)
+    """What the last control step measured (:meth:`Registry.measure`)."""
 
     @property
     def ended(self) -> bool:
         return self.exit_code is not None
 
+    @property
+    def remaining(self) -> float | None:
+        """Samples left: the declared length minus what the ranks reported, else what
+        history or the state file said (None: unknown)."""
+        if self.total_samples is None:
+            return self.remaining_samples
+        done = sum(window[-1][1].samples for window in self.ranks.values() if window)
+        return float(max(0, self.total_samples - done))
+
 
 class Registry:
-    """Jobs by id, plus the windowed rates of their reports."""
+    """Jobs by id, their reports, and each control step's measurement of them."""
 
     def __init__(
         self,
@@ -194,43 +164,37 @@ class Registry:
                  f"{1000 * recollection.cpu_s_per_sample:.2f}" if recollection.cpu_s_per_sample else "unknown")
 
     def adopt(self, persisted: PersistedJob) -> Job:
-        """Take over a job an earlier controller registered; its launcher's connection is gone."""
+        """Take over a job an earlier controller registered; its launcher's connection is gone.
+        What that controller measured (M, p, b, the loading curve) comes back with it."""
         job = Job(
             job_id=persisted.job_id, name=persisted.name, uid=persisted.uid, gpus=persisted.gpus,
             launcher_pid=persisted.launcher_pid, registered_at=persisted.registered_at,
             arrival_s=persisted.registered_at - self._started_wall, cgroup=persisted.cgroup,
             requested_workers=persisted.requested_workers, features=persisted.features,
-            remaining_samples=persisted.remaining_samples, allocation=persisted.allocation,
-            connected=False, adopted=True,
+            remaining_samples=persisted.remaining_samples, connected=False, adopted=True,
+            restored=persisted.model,
         )
+        job.loading_curve.resume(persisted.model.loading_observations)
         job.predicted = self._predict(job)
         self._jobs[job.job_id] = job
         return job
 
-    def remove(self, job_id: str, *, pids: set[int], cpu_seconds: float) -> JobSnapshot | None:
-        """Forget the job; hand its final snapshot to the on_job_finished hook (job history)."""
+    def remove(self, job_id: str, *, pids: set[int], cpu_seconds: float,
+               allocation: JobAllocations | None = None) -> JobSnapshot | None:
+        """Forget the job; hand its final snapshot to the on_job_finished hook (job history).
+        ``cpu_seconds``: its group's CPU time, read as the group goes."""
         job = self._jobs.pop(job_id, None)
         if job is None:
             return None
-        final = self.snapshot(job, pids=pids, cpu_seconds=cpu_seconds)
+        # A last measurement: the reports since the last step count (a job's final report comes at its exit).
+        job.measurement = measure(job.ranks, self._clock(), self.window_s, cpu_seconds, deque())
+        final = snapshot_of(job, allocation or JobAllocations(), pids)
         if self._on_job_finished is not None:
             try:
                 self._on_job_finished(final, job.features, tuple(job.loading_curve.points()), job.exit_code)
             except Exception:  # a history bug must not stop the controller from freeing the job
                 log.exception("on_job_finished hook failed for job %s", job_id)
         return final
-
-    def persisted(self) -> dict[str, PersistedJob]:
-        """What the state file keeps of every job."""
-        return {
-            job.job_id: PersistedJob(
-                job_id=job.job_id, name=job.name, uid=job.uid, gpus=job.gpus, launcher_pid=job.launcher_pid,
-                registered_at=job.registered_at, cgroup=job.cgroup, allocation=job.allocation,
-                requested_workers=job.requested_workers, features=job.features,
-                remaining_samples=self.remaining_samples(job),
-            )
-            for job in self
-        }
 
     # ------------------------------------------------------------------ events
 
@@ -249,14 +213,6 @@ class Registry:
             job.features = dict(report.features)
             job.predicted = self._predict(job)
 
-    def set_allocation(self, job_id: str, allocation: JobAllocation) -> bool:
-        """Record the policy's decision; True if it changed."""
-        job = self._jobs[job_id]
-        if job.allocation == allocation:
-            return False
-        job.allocation = allocation
-        return True
-
     def disconnected(self, job_id: str) -> None:
         job = self._jobs.get(job_id)
         if job is not None:
@@ -265,170 +221,43 @@ class Registry:
     def end(self, job_id: str, exit_code: int) -> None:
         self._jobs[job_id].exit_code = exit_code
 
-    # ------------------------------------------------------------------ derived
+    # ------------------------------------------------------------------ the control step
 
-    def rates(self, job: Job) -> Rates:
-        """Windowed rates summed over the ranks that reported at least twice in the window."""
+    def measure(self, cpu_seconds: Mapping[str, float] | None = None) -> None:
+        """Once per control step: each job's measurement (its rates over the window, its M,
+        the cores it used), which every reader of this step then shares; each running job's
+        window becomes a point of its loading curve, (cores used, samples/s delivered),
+        whether or not the loader was the bottleneck (throughput_model.curves explains why).
+        ``cpu_seconds``: each job's group CPU time (the backend's accounting), so the cores
+        are the whole job's, main process included, which is what a quota limits; a job
+        missing from it counts its loader workers' CPU."""
+        self.predict_pending()
         now = self._clock()
-        samples = wait = compute = cpu = read = achieved = max_tp = loader_cores = 0.0
-        have_tp = have_any = False
-        for window in job.ranks.values():
-            points = [(t, r) for t, r in window if t >= now - self.window_s]
-            if len(points) < 2:
-                continue
-            (t0, first), (t1, last) = points[0], points[-1]
-            if t1 <= t0:
-                continue
-            d_samples = last.samples - first.samples
-            d_compute = last.compute_s - first.compute_s
-            samples += d_samples
-            wait += last.data_wait_s - first.data_wait_s
-            compute += d_compute
-            cpu += last.worker_cpu_s - first.worker_cpu_s
-            read += last.read_bytes - first.read_bytes
-            achieved += d_samples / (t1 - t0)
-            loader_cores += (last.worker_cpu_s - first.worker_cpu_s) / (t1 - t0)
-            if d_compute > 0:
-                max_tp += d_samples / d_compute
-                have_tp = True
-            have_any = True
-        if not have_any:
-            return Rates()
-        step = wait + compute
-        return Rates(
-            achieved=achieved,
-            data_wait_ratio=wait / step if step > 0 else None,
-            max_throughput=max_tp if have_tp and samples > 0 else None,
-            cpu_s_per_sample=cpu / samples if samples > 0 else None,
-            bytes_per_sample=read / samples if samples > 0 else None,
-            loader_cores=loader_cores if loader_cores > 0 else None,
-        )
+        for job in self:
+            seconds = cpu_seconds.get(job.job_id) if cpu_seconds is not None else None
+            job.measurement = measure(job.ranks, now, self.window_s, seconds, job.cpu_samples)
+            achieved, cores = job.measurement.rates.achieved, job.measurement.cores_used
+            if not job.ended and achieved is not None and cores is not None:
+                job.loading_curve.observe(cores, achieved)
 
     def predict_pending(self) -> None:
-        """Once per control step: ask again for the jobs whose prediction was not ready at
-        registration (the predictor loads its model off the event loop and says None meanwhile)."""
+        """Ask again for the jobs whose prediction was not ready at registration (the
+        predictor loads its model off the event loop and says None meanwhile)."""
         for job in self:
             if job.predicted is None and job.features and not job.ended:
                 job.predicted = self._predict(job)
 
-    def observe_loading(self, cpu_seconds: Mapping[str, float] | None = None) -> None:
-        """Once per control step: each running job's window is a point of its loading curve,
-        (cores it used, samples/s delivered), whether or not the loader was the bottleneck
-        (throughput_model.curves explains why). ``cpu_seconds``: each job's group CPU time
-        (the backend's accounting), so the cores are the whole job's, main process included,
-        which is what a quota limits; a job missing from it counts its loader workers' CPU."""
-        now = self._clock()
-        for job in self:
-            if job.ended:
-                continue
-            rates = self.rates(job)
-            cores = rates.loader_cores
-            if cpu_seconds is not None and job.job_id in cpu_seconds:
-                job.cpu_samples.append((now, cpu_seconds[job.job_id]))
-                while len(job.cpu_samples) > 2 and job.cpu_samples[0][0] < now - self.window_s:
-                    job.cpu_samples.popleft()
-                (t0, first), (t1, last) = job.cpu_samples[0], job.cpu_samples[-1]
-                cores = (last - first) / (t1 - t0) if t1 > t0 and last > first else None
-            if rates.achieved is not None and cores is not None:
-                job.loading_curve.observe(cores, rates.achieved)
-
     def views(self, applied: Mapping[str, JobAllocation]) -> list[JobView]:
-        """What the policy sees: every job that has not ended, oldest first. ``current`` is the
-        allocation in force (``applied``), else the last decision (adopted jobs at the first loop)."""
-        views = []
-        for job in self:
-            if job.ended:
-                continue
-            rates = self.rates(job)
-            recalled = job.recollection or Recollection()
-            max_tp, interval = self.measured_max_throughput(job), None
-            if max_tp is None and job.predicted is not None:
-                max_tp, interval = job.predicted[0], (job.predicted[1], job.predicted[2])
-            views.append(
-                JobView(
-                    job_id=job.job_id, name=job.name, gpus=job.gpus, ranks=self._ranks(job),
-                    requested_workers=job.requested_workers, arrival_s=job.arrival_s,
-                    max_throughput=max_tp, max_throughput_interval=interval,
-                    cpu_s_per_sample=_first(rates.cpu_s_per_sample, recalled.cpu_s_per_sample),
-                    bytes_per_sample=_first(rates.bytes_per_sample, recalled.bytes_per_sample),
-                    loading_curve=job.loading_curve.points(), achieved=rates.achieved,
-                    remaining_samples=self.remaining_samples(job), current=applied.get(job.job_id, job.allocation),
-                )
-            )
-        return views
+        """What the policy sees: every job that has not ended, oldest first. ``applied``: the
+        allocation in force per job (a job missing from it has none yet)."""
+        return [view_of(job, applied.get(job.job_id, JobAllocation())) for job in self if not job.ended]
 
-    def measured_max_throughput(self, job: Job) -> float | None:
-        """M over each rank's whole run (its cumulative counters: samples / compute seconds),
-        summed over the ranks with MIN_BATCHES_FOR_M steps. A window of a few seconds holds
-        only a few steps of a starved job, and its partial step at each end swings M by half."""
-        total = 0.0
-        for window in job.ranks.values():
-            last = window[-1][1] if window else None
-            if last is not None and last.batches >= MIN_BATCHES_FOR_M and last.compute_s > 0:
-                total += last.samples / last.compute_s
-        return total or None
+    def snapshot(self, job: Job, *, pids: set[int], allocation: JobAllocations | None = None) -> JobSnapshot:
+        return snapshot_of(job, allocation or JobAllocations(), pids)
 
-    def remaining_samples(self, job: Job) -> float | None:
-        """Samples left: the declared length minus what the ranks reported, else what
-        history or the state file said (None: unknown)."""
-        if job.total_samples is None:
-            return job.remaining_samples
-        done = sum(window[-1][1].samples for window in job.ranks.values() if window)
-        return float(max(0, job.total_samples - done))
+    def persisted(self, allocations: AllocationStore) -> dict[str, PersistedJob]:
+        """What the state file keeps of every job."""
+        return {job.job_id: persisted_of(job, allocations.get(job.job_id)) for job in self}
 
-    def snapshot(self, job: Job, *, pids: set[int], cpu_seconds: float) -> JobSnapshot:
-        rates = self.rates(job)
-        latest = [window[-1][1] for window in job.ranks.values() if window]
-        max_tp = rates.max_throughput or (job.predicted[0] if job.predicted else None)
-        idle = None
-        if rates.achieved is not None and max_tp:
-            idle = min(1.0, max(0.0, 1.0 - rates.achieved / max_tp))
-        if job.ended:
-            state = "gone"
-        elif latest:
-            state = "running"
-        else:
-            state = "starting"
-        alloc = job.allocation
-        return JobSnapshot(
-            job_id=job.job_id, name=job.name, uid=job.uid, gpus=job.gpus, state=state,
-            launcher_pid=job.launcher_pid, pids=tuple(sorted(pids)), cgroup=job.cgroup,
-            registered_at=job.registered_at, ranks_reporting=self._ranks_reporting(job),
-            batch_size=latest[0].batch_size if latest else None,
-            cores=alloc.cores, cpu_weight=alloc.cpu_weight, cpus=alloc.cpus, read_bps=alloc.read_bps,
-            workers_target=None if alloc.workers is None else alloc.workers * self._ranks(job),
-            workers_running=sum(r.num_workers for r in latest), achieved_sps=rates.achieved,
-            max_sps_predicted=job.predicted[0] if job.predicted else None,
-            max_sps_predicted_interval=(job.predicted[1], job.predicted[2]) if job.predicted else None,
-            max_sps_measured=rates.max_throughput, gpu_idle_ratio=idle, data_wait_ratio=rates.data_wait_ratio,
-            samples_total=sum(r.samples for r in latest),
-            data_wait_seconds_total=sum(r.data_wait_s for r in latest),
-            compute_seconds_total=sum(r.compute_s for r in latest),
-            loader_cpu_seconds_total=sum(r.worker_cpu_s for r in latest),
-            read_bytes_total=sum(r.read_bytes for r in latest),
-            cpu_seconds_total=cpu_seconds,
-        )
-
-    # ------------------------------------------------------------------ helpers
-
-    def _predict(self, job: Job) -> tuple[float, float, float] | None:
-        if self._predictor is None or not job.features:
-            return None
-        try:
-            return self._predictor(job.features, job.gpus)
-        except Exception:  # a model bug must not refuse a job; it just starts unpredicted
-            log.exception("throughput prediction failed for job %s (%s)", job.job_id, job.name)
-            return None
-
-    def _ranks_reporting(self, job: Job) -> int:
-        now = self._clock()
-        return sum(1 for window in job.ranks.values() if window and window[-1][0] >= now - self.window_s)
-
-    def _ranks(self, job: Job) -> int:
-        latest = [window[-1][1] for window in job.ranks.values() if window]
-        return max([1, self._ranks_reporting(job), *(r.world_size for r in latest)])
-
-
-def _first(*values: float | None) -> float | None:
-    """The first value that is known (measured before recalled)."""
-    return next((value for value in values if value is not None), None)
+    def _predict(self, job: Job) -> Prediction | None:
+        return predict(self._predictor, job.features, job.gpus, f"{job.job_id} ({job.name})")

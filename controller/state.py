@@ -15,17 +15,19 @@ import logging
 import os
 import time
 from contextlib import suppress
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from adloader.errors import AdloaderError
+from adloader.errors import AdloaderError, ProtocolError
+from adloader.protocol import decode_object, plain
 from controller import faults
 from controller.policies.base import JobAllocation
 
 log = logging.getLogger(__name__)
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+"""2: wanted and applied allocations and the learnt model per job (1 had one ``allocation``)."""
 STATE_FILE = "state.json"
 TEMP_FILE = STATE_FILE + ".tmp"
 _FORMAT = "adloader-controller-state"
@@ -33,6 +35,21 @@ _FORMAT = "adloader-controller-state"
 
 class StateWriteError(AdloaderError):
     """The state file could not be written (disk full, read-only, permissions)."""
+
+
+@dataclass(frozen=True)
+class LearntModel:
+    """What the controller measured of a job's model, so that a restarted controller plans
+    with it from its first step instead of relearning from even shares."""
+
+    max_throughput: float | None = None
+    """Measured M, samples/s (None: not measured yet)."""
+    cpu_s_per_sample: float | None = None
+    """Measured p: loader CPU seconds per sample."""
+    bytes_per_sample: float | None = None
+    """Measured b: bytes read from storage per sample."""
+    loading_observations: tuple[tuple[float, float], ...] = ()
+    """The loading curve's (cores used, samples/s) windows, oldest first, warm-up excluded."""
 
 
 @dataclass(frozen=True)
@@ -44,10 +61,14 @@ class PersistedJob:
     launcher_pid: int
     registered_at: float
     cgroup: str
-    allocation: JobAllocation
+    wanted: JobAllocation
+    """The policy's latest decision."""
+    applied: JobAllocation
+    """What the kernel was given (the reconciler's record); a restart plans from it."""
     requested_workers: int | None
     features: dict[str, float] | None
     remaining_samples: float | None = None
+    model: LearntModel = LearntModel()
 
 
 @dataclass(frozen=True)
@@ -168,12 +189,16 @@ def _checksum(payload: dict[str, Any]) -> str:
 
 
 def _to_payload(state: ControllerState) -> dict[str, Any]:
-    return {
-        "version": state.version,
-        "policy": state.policy,
-        "saved_at": state.saved_at,
-        "jobs": {job_id: asdict(job) for job_id, job in state.jobs.items()},
-    }
+    jobs = {job_id: replace(job, wanted=_whole_rates(job.wanted), applied=_whole_rates(job.applied))
+            for job_id, job in state.jobs.items()}
+    return plain(replace(state, jobs=jobs))
+
+
+def _whole_rates(allocation: JobAllocation) -> JobAllocation:
+    """A policy may hand out a float read rate; the file (and the kernel) hold whole bytes/s."""
+    if allocation.read_bps is None or isinstance(allocation.read_bps, int):
+        return allocation
+    return replace(allocation, read_bps=round(allocation.read_bps))
 
 
 def _parse(raw: bytes) -> ControllerState:
@@ -199,72 +224,31 @@ def _parse(raw: bytes) -> ControllerState:
 
 
 def _state_from_payload(payload: dict[str, Any], version: int) -> ControllerState:
-    reader = _Reader(payload, "payload")
-    jobs_raw = reader.get("jobs", dict)
-    jobs = {}
-    for job_id, raw_job in jobs_raw.items():
-        job = _Reader(raw_job, f"jobs.{job_id}")
-        jobs[job_id] = PersistedJob(
-            job_id=job.get("job_id", str),
-            name=job.get("name", str),
-            uid=job.get("uid", int),
-            gpus=job.get("gpus", int),
-            launcher_pid=job.get("launcher_pid", int),
-            registered_at=job.get("registered_at", float),
-            cgroup=job.get("cgroup", str),
-            allocation=_allocation(_Reader(job.get("allocation", dict), f"jobs.{job_id}.allocation")),
-            requested_workers=job.get("requested_workers", int, optional=True),
-            features=_features(job.get("features", dict, optional=True), f"jobs.{job_id}.features"),
-            remaining_samples=job.get("remaining_samples", float, optional=True),
-        )
-        if jobs[job_id].job_id != job_id:
-            raise _BadState(f"wrong shape: jobs.{job_id} holds job {jobs[job_id].job_id!r}")
-    return ControllerState(
-        version=version,
-        policy=reader.get("policy", str),
-        jobs=jobs,
-        saved_at=reader.get("saved_at", float),
-    )
+    """The typed decoder of the wire protocol builds every field, nested ones included."""
+    if version == 1:
+        payload = _from_version_1(payload)
+    try:
+        state = decode_object(ControllerState, {**payload, "version": version}, "payload")
+    except ProtocolError as exc:
+        raise _BadState(f"wrong shape: {exc}") from None
+    for job_id, job in state.jobs.items():
+        if job.job_id != job_id:
+            raise _BadState(f"wrong shape: jobs.{job_id} holds job {job.job_id!r}")
+        for name, allocation in (("wanted", job.wanted), ("applied", job.applied)):
+            if allocation.cpus is not None and any(cpu < 0 for cpu in allocation.cpus):
+                raise _BadState(f"wrong shape: jobs.{job_id}.{name}.cpus holds a negative CPU id")
+    return state
 
 
-def _allocation(reader: "_Reader") -> JobAllocation:
-    cpus = reader.get("cpus", list, optional=True)
-    if cpus is not None and not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in cpus):
-        raise _BadState(f"wrong shape: {reader.where}.cpus is not a list of CPU ids")
-    read_bps = reader.get("read_bps", float, optional=True)  # a policy may hand out a float rate
-    return JobAllocation(
-        cores=reader.get("cores", float, optional=True),
-        cpus=tuple(cpus) if cpus is not None else None,
-        read_bps=None if read_bps is None else round(read_bps),
-        workers=reader.get("workers", int, optional=True),
-    )
-
-
-def _features(raw: dict | None, where: str) -> dict[str, float] | None:
-    if raw is None:
-        return None
-    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in raw.values()):
-        raise _BadState(f"wrong shape: {where} has a value that is not a number")
-    return {key: float(value) for key, value in raw.items()}
-
-
-class _Reader:
-    """Typed access to one JSON object; a missing key or wrong type is a _BadState naming the field."""
-
-    def __init__(self, raw: Any, where: str) -> None:
-        if not isinstance(raw, dict):
-            raise _BadState(f"wrong shape: {where} is not an object")
-        self._raw = raw
-        self.where = where
-
-    def get(self, key: str, kind: type, optional: bool = False) -> Any:
-        if key not in self._raw:
-            raise _BadState(f"wrong shape: {self.where}.{key} is missing")
-        value = self._raw[key]
-        if value is None and optional:
-            return None
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
-        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-            raise _BadState(f"wrong shape: {self.where}.{key} is {type(value).__name__}, expected {kind.__name__}")
-        return value
+def _from_version_1(payload: dict[str, Any]) -> dict[str, Any]:
+    """A version-1 payload kept one ``allocation`` per job: it was both wanted and applied."""
+    jobs = payload.get("jobs")
+    if not isinstance(jobs, dict):
+        return payload
+    upgraded = {}
+    for job_id, job in jobs.items():
+        if isinstance(job, dict) and "allocation" in job:
+            job = {key: value for key, value in job.items() if key != "allocation"}
+            job["wanted"] = job["applied"] = jobs[job_id]["allocation"]
+        upgraded[job_id] = job
+    return {**payload, "jobs": upgraded}

@@ -59,6 +59,8 @@ def main() -> int:
                         help="stop after the epoch during which this file appears (tests set --seconds high)")
     parser.add_argument("--distributed", action="store_true")
     parser.add_argument("--worker-mb", type=int, default=0, help="each worker holds this much private memory")
+    parser.add_argument("--describe", action="store_true",
+                        help="call adloader.describe_model on a small MLP first (its features go with the reports)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
@@ -74,6 +76,11 @@ def main() -> int:
         assert int(total) == dist.get_world_size()
         sampler = torch.utils.data.distributed.DistributedSampler(Work(args.samples, work=args.work), shuffle=True,
                                                                   seed=3)
+    if args.describe:
+        import adloader
+
+        model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+        adloader.describe_model(model, torch.zeros(args.batch_size, 64))
     loader = DataLoader(Work(args.samples, args.worker_mb, args.work), batch_size=args.batch_size,
                         num_workers=args.workers, sampler=sampler,
                         persistent_workers=True)

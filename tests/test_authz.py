@@ -25,8 +25,9 @@ import pytest
 
 from adloader import protocol
 from adloader.client import ControllerClient
+from adloader.protocol import NodeSnapshot
 from controller.server import SocketInUse, prepare_socket_path
-from fixtures.managed import REPO, ControllerProcess, base_environment
+from fixtures.managed import REPO, ControllerProcess, base_environment, wait_until
 
 Reply = tuple[str, "str | None"]
 
@@ -110,7 +111,11 @@ def test_a_process_in_one_job_reports_and_acts_only_for_its_own(
     assert in_a.ask(protocol.SetPolicy(policy="static")) == ("error", "forbidden")
     assert alice_outside.ask(protocol.SetPolicy(policy="even")) == ("error", "forbidden")
 
-    status = controller.status()
+    def measured() -> NodeSnapshot | None:  # status shows each control step's measurement
+        status = controller.status()
+        return status if any(j.samples_total for j in status.jobs) else None
+
+    status = wait_until(measured, 10, "the next control step to measure A's report")
     assert status.policy == "even"
     samples = {j.job_id: j.samples_total for j in status.jobs}
     assert samples == {in_a.job_id: 32, in_b.job_id: 0, also_alice.job_id: 0}  # only A's own report counted

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.cpuspec import CpuSpecError, format_cpus, online_cpus, parse_cpus
+from adloader.cpuspec import CpuSpecError, format_cpus, online_cpus, parse_cpus
 
 
 def test_parse_and_format_examples() -> None:

@@ -78,8 +78,10 @@ def test_an_adopted_job_gets_its_limits_written_again_at_the_first_step(
     (CGROUP_ROOT / "cpu" / backend.group / "a" / "cpu.cfs_quota_us").write_text("-1")  # lost meanwhile
 
     after = Registry()
-    after.adopt(before.persisted()["a"])
+    saved = before.persisted(first.allocations)["a"]
+    after.adopt(saved)
     restarted = ControlLoop(backend, NODE, make_policy("even"))
+    restarted.allocations.restore("a", saved.wanted, saved.applied)
     caplog.set_level(logging.INFO)
     assert restarted.step(after, {"adoption"}).reason == "adoption"
     assert _quota(backend, "a") == 100_000

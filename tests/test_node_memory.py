@@ -20,6 +20,7 @@ from controller.node_memory import HISTORY_FILE, NodeMemory, detect_device
 from fixtures.managed import ControllerProcess, wait_until
 
 REPORTING_JOB = str(Path(__file__).with_name("reporting_job.py"))
+LOADER_JOB = str(Path(__file__).with_name("loader_job.py"))
 
 
 def _features_file(tmp_path: Path) -> tuple[Path, dict[str, float]]:
@@ -28,6 +29,19 @@ def _features_file(tmp_path: Path) -> tuple[Path, dict[str, float]]:
     path = tmp_path / "features.json"
     path.write_text(json.dumps(features))
     return path, features
+
+
+def test_a_job_that_describes_its_model_gets_a_prediction_without_a_features_file(
+    start_controller: Callable[..., ControllerProcess], tmp_path: Path
+) -> None:
+    controller = start_controller("--policy", "even", "--cpus", "0", "--device", "cpu")
+    command = (sys.executable, LOADER_JOB, "--describe", "--workers", "1", "--seconds", "600", "--out", str(tmp_path))
+    job = controller.run(*command, name="describes-itself")
+    assert controller.registered(job).max_sps_predicted is None  # registered without features
+    snapshot = wait_until(lambda: next((j for j in controller.status().jobs
+                                        if j.launcher_pid == job.pid and j.max_sps_predicted), None),
+                          90.0, "the M predicted from the features its reports carried")
+    assert snapshot.max_sps_predicted > 0
 
 
 def test_prediction_history_and_recurrence_end_to_end(

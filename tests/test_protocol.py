@@ -18,8 +18,12 @@ def test_every_message_type_round_trips() -> None:
         protocol.StatusRequest(),
         protocol.SetPolicy(policy="even"),
         protocol.Registered(job_id="j1", cgroup="/sys/fs/cgroup/cpu/adloader/j1", backend="cgroup-v1"),
-        protocol.Target(num_workers=3, cores=1.5),
-        protocol.Status(node={"policy": "even"}, jobs=[{"job_id": "j1"}]),
+        protocol.Target(num_workers=3),
+        protocol.Status(node=protocol.NodeSnapshot(
+            version="0", policy="even", backend="cgroup-v1", started_at=0.0, period_s=1.0, cpus=(0,), read_bps=None,
+            read_device=None, jobs=(protocol.JobSnapshot(job_id="j1", name="x", uid=0, gpus=1, state="running",
+                                                         launcher_pid=1, pids=(1,), cgroup="g", registered_at=0.0),),
+        )),
         protocol.Ok(),
         protocol.Error(code="bad_json", message="x"),
     ]

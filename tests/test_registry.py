@@ -7,9 +7,12 @@ import logging
 import pytest
 
 from adloader.protocol import Report
+from adloader.protocol import JobSnapshot
+from controller.allocations import AllocationStore, ApplyFailure, JobAllocations
 from controller.policies.base import JobAllocation
-from controller.registry import Recollection, Registry
-from controller.snapshot import JobSnapshot
+from controller.priors import Recollection
+from controller.registry import Registry
+from controller.state import LearntModel
 from throughput_model.curves import MIN_OBSERVATIONS, WARMUP_OBSERVATIONS
 
 
@@ -36,8 +39,10 @@ def _register(registry: Registry, job_id: str = "j1", **kwargs: object) -> None:
     registry.register(job_id, **values)  # type: ignore[arg-type]
 
 
-def _report(rank: int, samples: int, wait: float, compute: float, cpu: float, read: int, **kw: object) -> Report:
-    return Report(job_id="j1", rank=rank, world_size=2, batch_size=32, samples=samples, batches=samples // 32,
+def _report(rank: int, samples: int, wait: float, compute: float, cpu: float, read: int, batches: int | None = None,
+            **kw: object) -> Report:
+    return Report(job_id="j1", rank=rank, world_size=2, batch_size=32, samples=samples,
+                  batches=samples // 32 if batches is None else batches,
                   data_wait_s=wait, compute_s=compute, worker_cpu_s=cpu, read_bytes=read, num_workers=3, **kw)
 
 
@@ -49,7 +54,8 @@ def test_rates_are_window_differences_summed_over_ranks(clock: Clock) -> None:
     clock.now += 2.0
     registry.record_report("j1", _report(0, 320 + 400, 1.0 + 0.6, 2.0 + 1.4, 3.0 + 8.0, 1_000 + 4_000_000))
     registry.record_report("j1", _report(1, 640 + 200, 0.5 + 1.0, 2.5 + 1.0, 4.0 + 6.0, 2_000 + 1_000_000))
-    rates = registry.rates(registry.get("j1"))  # type: ignore[arg-type]
+    registry.measure()
+    rates = registry.get("j1").measurement.rates  # type: ignore[union-attr]
     assert rates.achieved == pytest.approx(400 / 2 + 200 / 2)
     assert rates.data_wait_ratio == pytest.approx((0.6 + 1.0) / (0.6 + 1.0 + 1.4 + 1.0))
     assert rates.max_throughput == pytest.approx(400 / 1.4 + 200 / 1.0)
@@ -64,13 +70,16 @@ def test_a_restarted_rank_starts_its_window_over_and_old_reports_age_out(clock: 
     clock.now += 1
     registry.record_report("j1", _report(0, 10, 0, 0.1, 0, 0))  # counters went back: the rank restarted
     job = registry.get("j1")
-    assert registry.rates(job).achieved is None  # type: ignore[arg-type]
+    registry.measure()
+    assert job.measurement.rates.achieved is None  # type: ignore[union-attr]
     clock.now += 1
     registry.record_report("j1", _report(0, 110, 0, 1.1, 0, 0))
-    assert registry.rates(job).achieved == pytest.approx(100.0)  # type: ignore[arg-type]
+    registry.measure()
+    assert job.measurement.rates.achieved == pytest.approx(100.0)  # type: ignore[union-attr]
     clock.now += 10  # silent for longer than the window
-    assert registry.rates(job).achieved is None  # type: ignore[arg-type]
-    snap = registry.snapshot(job, pids={42}, cpu_seconds=1.5)  # type: ignore[arg-type]
+    registry.measure({"j1": 1.5})
+    assert job.measurement.rates.achieved is None  # type: ignore[union-attr]
+    snap = registry.snapshot(job, pids={42})  # type: ignore[arg-type]
     assert snap.ranks_reporting == 0 and snap.samples_total == 110 and snap.state == "running"
 
 
@@ -89,9 +98,10 @@ def test_the_prediction_stands_in_for_m_until_it_is_measured(clock: Clock) -> No
     registry.record_report("j1", _report(0, 0, 0, 0, 0, 0))
     clock.now += 1
     registry.record_report("j1", _report(0, 300, 0, 1.0, 0, 0))
+    registry.measure()
     view = registry.views({})[0]
     assert (view.max_throughput, view.max_throughput_interval) == (300.0, None)
-    snap = registry.snapshot(registry.get("j1"), pids=set(), cpu_seconds=0.0)  # type: ignore[arg-type]
+    snap = registry.snapshot(registry.get("j1"), pids=set())  # type: ignore[arg-type]
     assert (snap.max_sps_predicted, snap.max_sps_measured) == (500.0, 300.0)
 
 
@@ -118,7 +128,6 @@ def test_views_skip_ended_jobs_and_carry_what_is_in_force(clock: Clock) -> None:
     registry = _registry(clock)
     _register(registry, "j1")
     _register(registry, "j2", requested_workers=6)
-    registry.set_allocation("j2", JobAllocation(cores=2.0, workers=2))
     in_force = JobAllocation(cores=1.5, workers=2)
     views = registry.views({"j2": in_force})
     assert [v.job_id for v in views] == ["j1", "j2"]
@@ -126,26 +135,26 @@ def test_views_skip_ended_jobs_and_carry_what_is_in_force(clock: Clock) -> None:
     assert views[0].current == JobAllocation()
     registry.end("j1", 0)
     assert [v.job_id for v in registry.views({})] == ["j2"]
-    snap = registry.snapshot(registry.get("j1"), pids=set(), cpu_seconds=0.0)  # type: ignore[arg-type]
+    snap = registry.snapshot(registry.get("j1"), pids=set())  # type: ignore[arg-type]
     assert snap.state == "gone"
 
 
 def test_each_step_adds_the_windows_loader_cores_and_rate_to_the_loading_curve(clock: Clock) -> None:
     registry = _registry(clock)
     _register(registry)
-    registry.observe_loading()
+    registry.measure()
     assert registry.views({})[0].loading_curve == ()  # nothing reported yet
     for rank in (0, 1):
         registry.record_report("j1", _report(rank, 0, 0, 0, 0, 0))
     clock.now += 2
     registry.record_report("j1", _report(0, 200, 0.2, 1.8, 1.5, 0))  # 0.75 core, 100 samples/s
     registry.record_report("j1", _report(1, 100, 1.0, 1.0, 0.5, 0))  # 0.25 core, 50 samples/s
-    rates = registry.rates(registry.get("j1"))  # type: ignore[arg-type]
+    registry.measure()
+    rates = registry.get("j1").measurement.rates  # type: ignore[union-attr]
     assert rates.loader_cores == pytest.approx(1.0) and rates.achieved == pytest.approx(150.0)
-    registry.observe_loading()
     assert registry.get("j1").loading_curve.observations == 0  # type: ignore[union-attr]  # warm-up window
     for _ in range(WARMUP_OBSERVATIONS + MIN_OBSERVATIONS - 1):  # the same window, step after step
-        registry.observe_loading()
+        registry.measure()
     assert registry.get("j1").loading_curve.observations == MIN_OBSERVATIONS  # type: ignore[union-attr]
     ((cores, sps),) = registry.views({})[0].loading_curve
     assert (cores, sps) == (pytest.approx(1.0), pytest.approx(150.0))
@@ -154,14 +163,16 @@ def test_each_step_adds_the_windows_loader_cores_and_rate_to_the_loading_curve(c
 def test_snapshots_sum_ranks_and_the_idle_ratio_follows_achieved_over_max(clock: Clock) -> None:
     registry = _registry(clock)
     _register(registry)
-    registry.set_allocation("j1", JobAllocation(cores=1.5, cpus=(0, 1), read_bps=10_000_000, workers=2))
-    assert registry.snapshot(registry.get("j1"), pids={42}, cpu_seconds=0.0).state == "starting"  # type: ignore[arg-type]
+    given = JobAllocation(cores=1.5, cpus=(0, 1), read_bps=10_000_000, workers=2)
+    allocation = JobAllocations(wanted=given, applied=given)
+    assert registry.snapshot(registry.get("j1"), pids={42}, allocation=allocation).state == "starting"  # type: ignore[arg-type]
     for rank in (0, 1):
         registry.record_report("j1", _report(rank, 0, 0, 0, 0, 0))
     clock.now += 1
-    for rank in (0, 1):
-        registry.record_report("j1", _report(rank, 50, 0.5, 0.5, 1.0, 100))
-    snap = registry.snapshot(registry.get("j1"), pids={42, 43}, cpu_seconds=3.25)  # type: ignore[arg-type]
+    for rank in (0, 1):  # ten steps each (M counts after MIN_BATCHES_FOR_M)
+        registry.record_report("j1", _report(rank, 50, 0.5, 0.5, 1.0, 100, batches=10))
+    registry.measure({"j1": 3.25})
+    snap = registry.snapshot(registry.get("j1"), pids={42, 43}, allocation=allocation)  # type: ignore[arg-type]
     achieved, max_sps = 100.0, 200.0
     assert snap.achieved_sps == pytest.approx(achieved) and snap.max_sps_measured == pytest.approx(max_sps)
     assert snap.gpu_idle_ratio == pytest.approx(1 - achieved / max_sps)
@@ -175,13 +186,15 @@ def test_persisted_jobs_are_adopted_disconnected_and_the_history_hook_gets_the_f
     finished: list[tuple[JobSnapshot, object, object, object]] = []
     registry = _registry(clock, on_job_finished=lambda *args: finished.append(args))
     _register(registry, requested_workers=4, features={"flops": 1.0})
-    registry.set_allocation("j1", JobAllocation(cores=1.0, workers=1))
-    saved = registry.persisted()
-    restarted = _registry(clock)
+    allocations = AllocationStore()
+    allocations.want("j1", JobAllocation(cores=1.0, workers=1))
+    saved = registry.persisted(allocations)
+    restarted, restored = _registry(clock), AllocationStore()
     job = restarted.adopt(saved["j1"])
-    assert (job.connected, job.adopted, job.allocation, job.requested_workers) == (
+    restored.restore("j1", saved["j1"].wanted, saved["j1"].applied)
+    assert (job.connected, job.adopted, restored.get("j1").wanted, job.requested_workers) == (
         False, True, JobAllocation(cores=1.0, workers=1), 4)
-    assert restarted.persisted() == saved
+    assert restarted.persisted(restored) == saved
     registry.end("j1", 3)
     final = registry.remove("j1", pids=set(), cpu_seconds=9.5)
     assert finished == [(final, {"flops": 1.0}, (), 3)] and final is not None and final.cpu_seconds_total == 9.5 and "j1" not in registry
@@ -209,8 +222,8 @@ def test_a_recurring_job_gets_its_length_and_loading_cost_from_history_before_an
     job = registry.register("j1", name="resnet", uid=0, gpus=1, launcher_pid=1, cgroup="g", features={"flops": 2.0})
     other = registry.register("j2", name="new", uid=0, gpus=1, launcher_pid=2, cgroup="g")
     assert asked == [("resnet", {"flops": 2.0}), ("new", None)]
-    assert registry.remaining_samples(job) == 1000.0
-    assert registry.remaining_samples(other) is None
+    assert job.remaining == 1000.0
+    assert other.remaining is None
     recurring, new = registry.views({})
     # Before its first report the recurring job's loading curve is its history's: 1 core buys 250 samples/s.
     assert recurring.loading_curve == ((1.0, 250.0),)
@@ -228,3 +241,40 @@ def test_a_prediction_not_ready_at_registration_is_asked_for_again_each_step(clo
     assert job.predicted == (100.0, 80.0, 120.0)
     registry.predict_pending()  # answered: not asked again
     assert answers == []
+
+
+def test_an_adopted_job_plans_with_what_the_earlier_controller_measured_until_it_measures_again(clock: Clock) -> None:
+    registry = _registry(clock)
+    _register(registry)
+    for rank in (0, 1):
+        registry.record_report("j1", _report(rank, 0, 0, 0, 0, 0))
+    clock.now += 2
+    registry.record_report("j1", _report(0, 200, 0.2, 1.0, 1.5, 20_000, batches=10))
+    registry.record_report("j1", _report(1, 100, 1.0, 0.5, 0.5, 10_000, batches=10))
+    for _ in range(WARMUP_OBSERVATIONS + MIN_OBSERVATIONS):
+        registry.measure()
+    before = registry.views({})[0]
+    saved = registry.persisted(AllocationStore())["j1"]
+    assert saved.model == LearntModel(
+        max_throughput=pytest.approx(200 / 1.0 + 100 / 0.5), cpu_s_per_sample=pytest.approx(2.0 / 300),
+        bytes_per_sample=pytest.approx(100.0), loading_observations=saved.model.loading_observations,
+    ) and len(saved.model.loading_observations) == MIN_OBSERVATIONS
+
+    restarted = _registry(clock)
+    restarted.adopt(saved)
+    restarted.measure()  # the first step after the restart: no report has arrived yet
+    after = restarted.views({})[0]
+    assert (after.max_throughput, after.cpu_s_per_sample, after.bytes_per_sample, after.loading_curve) == (
+        before.max_throughput, before.cpu_s_per_sample, before.bytes_per_sample, before.loading_curve)
+
+
+def test_snapshots_show_what_is_applied_and_what_failed_to_apply(clock: Clock) -> None:
+    registry = _registry(clock)
+    _register(registry)
+    allocations = AllocationStore()
+    allocations.want("j1", JobAllocation(cpu_weight=300, read_bps=5_000_000, workers=2))
+    allocations.record_applied("j1", JobAllocation(cpu_weight=300, workers=2),
+                               (ApplyFailure("read_bps", "blkio.throttle.read_bps_device: No such device"),))
+    snap = registry.snapshot(registry.get("j1"), pids=set(), allocation=allocations.get("j1"))  # type: ignore[arg-type]
+    assert (snap.cpu_weight, snap.read_bps, snap.workers_target) == (300, None, 2)
+    assert snap.failed_to_apply == {"read_bps": "blkio.throttle.read_bps_device: No such device"}

@@ -49,10 +49,12 @@ def test_m_is_measured_over_each_ranks_whole_run_once_it_has_run_a_few_steps() -
     registry = Registry(window_s=5.0, clock=lambda: clock[0], wall_clock=lambda: 1.7e9)
     registry.register("j1", name="bert", uid=0, gpus=2, launcher_pid=1, cgroup="/cg/j1")
     registry.record_report("j1", _report(0, 96, batches=3, compute_s=0.2))
+    registry.measure()
     assert registry.views({})[0].max_throughput is None  # warm-up: not measured yet
     # a starved rank: one step every two seconds; its 5 s window would hold two or three of them
     for step in range(4, 12):
         clock[0] += 2.0
         registry.record_report("j1", _report(0, 32 * step, batches=step, compute_s=0.1 * step))
     registry.record_report("j1", _report(1, 640, batches=20, compute_s=1.0))
+    registry.measure()
     assert registry.views({})[0].max_throughput == pytest.approx(32 * 11 / 1.1 + 640 / 1.0)

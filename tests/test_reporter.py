@@ -6,6 +6,7 @@ import gc
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,21 @@ def test_several_loaders_are_summed_and_the_last_active_one_speaks(tmp_path: Pat
         assert third.batch_size == 4, "the surviving loader speaks again"
     finally:
         reporter.stop()
+
+
+def test_described_features_go_with_the_reports_until_the_controller_has_answered_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from adloader import reporter as reporter_module
+    from adloader.errors import ControllerUnavailable
+
+    monkeypatch.setattr(reporter_module, "_model_features", None)  # this process's announcement, undone after
+    monkeypatch.setattr(reporter_module, "_features_delivered", threading.Event())
+    sender = Reporter(str(tmp_path / "nobody.sock"), "job-x", interval=60.0)
+    assert sender.build_report().features is None
+    reporter_module.announce_features({"flops": 2e9, "params": 1e6})
+    assert sender.build_report().features == {"flops": 2e9, "params": 1e6}
+    with pytest.raises(ControllerUnavailable):
+        sender.report_once()
+    assert sender.build_report().features == {"flops": 2e9, "params": 1e6}  # not delivered: sent again
+    sender.stop()

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from controller.backends.placement import cgroups_of
-from controller.cpuspec import parse_cpus
+from adloader.cpuspec import parse_cpus
 from fixtures.managed import (
     CGROUP_ROOT,
     CGROUP_V1_USABLE,

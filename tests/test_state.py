@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -18,6 +18,7 @@ from controller.policies.base import JobAllocation
 from controller.state import (
     STATE_VERSION,
     ControllerState,
+    LearntModel,
     PersistedJob,
     StateStore,
     StateWriteError,
@@ -41,7 +42,10 @@ def make_state(policy: str = "adaptive", jobs: int = 2) -> ControllerState:
                 launcher_pid=4000 + i,
                 registered_at=NOW - 60 * i,
                 cgroup=f"/sys/fs/cgroup/cpu/adloader/job-{i}",
-                allocation=JobAllocation(cores=1.5, cpus=(0, 1), read_bps=5_000_000, workers=3)
+                wanted=JobAllocation(cores=1.5, cpus=(0, 1), read_bps=5_000_000, workers=3)
+                if i % 2 == 0
+                else JobAllocation(),
+                applied=JobAllocation(cores=1.5, cpus=(0, 1), read_bps=4_000_000, workers=3)
                 if i % 2 == 0
                 else JobAllocation(),
                 requested_workers=8 if i % 2 == 0 else None,
@@ -65,15 +69,49 @@ def test_round_trip(store: StateStore) -> None:
     loaded = store.load()
     assert loaded.problem is None
     assert loaded.state == saved
-    assert loaded.state.jobs["job-0"].allocation.cpus == (0, 1)
+    assert loaded.state.jobs["job-0"].wanted.cpus == (0, 1)
 
 
 def test_a_float_read_rate_from_a_policy_survives_a_round_trip(store: StateStore) -> None:
     state = make_state(jobs=1)
     job = state.jobs["job-0"]
-    floaty = replace(job, allocation=replace(job.allocation, read_bps=2_500_000.0))
+    floaty = replace(job, wanted=replace(job.wanted, read_bps=2_500_000.0))
     store.save(replace(state, jobs={"job-0": floaty}))
-    assert store.load().state.jobs["job-0"].allocation.read_bps == 2_500_000
+    assert store.load().state.jobs["job-0"].wanted.read_bps == 2_500_000
+
+
+def test_every_allocation_and_model_field_survives_a_round_trip(store: StateStore) -> None:
+    """Each field of JobAllocation and LearntModel set to a value unlike its default: a field
+    the typed decoder forgot (as cpu_weight once was) fails here."""
+    everything = JobAllocation(cores=0.75, cpu_weight=321, cpus=(1, 3), read_bps=7_000_000, workers=5)
+    assert all(getattr(everything, f.name) != f.default for f in fields(JobAllocation))
+    model = LearntModel(max_throughput=412.5, cpu_s_per_sample=0.0031, bytes_per_sample=110_000.0,
+                        loading_observations=((0.5, 160.0), (0.75, 241.5)))
+    assert all(getattr(model, f.name) != f.default for f in fields(LearntModel))
+    state = make_state(jobs=1)
+    job = replace(state.jobs["job-0"], wanted=everything, applied=replace(everything, cpu_weight=123), model=model)
+    saved = store.save(replace(state, jobs={"job-0": job}))
+    assert store.load().state == saved
+    loaded = store.load().state.jobs["job-0"]
+    assert (loaded.wanted, loaded.applied.cpu_weight, loaded.model) == (everything, 123, model)
+
+
+def test_a_version_1_file_is_read_with_its_allocation_as_wanted_and_applied(store: StateStore) -> None:
+    store.save(make_state(jobs=1))
+
+    def downgrade(document: dict) -> None:
+        job = document["payload"]["jobs"]["job-0"]
+        job["allocation"] = job.pop("wanted")
+        del job["applied"], job["model"]
+        document["version"] = document["payload"]["version"] = 1
+        document["checksum"] = _checksum(document["payload"])
+
+    _rewrite(store, downgrade)
+    loaded = store.load()
+    assert loaded.problem is None
+    job = loaded.state.jobs["job-0"]
+    assert job.wanted == job.applied == JobAllocation(cores=1.5, cpus=(0, 1), read_bps=5_000_000, workers=3)
+    assert job.model == LearntModel()
 
 
 def test_missing_file_is_no_state_and_no_problem(store: StateStore) -> None:
@@ -114,7 +152,7 @@ def _checksum(payload: dict) -> str:
 
 def test_a_changed_value_fails_the_checksum(store: StateStore) -> None:
     store.save(make_state())
-    _rewrite(store, lambda d: d["payload"]["jobs"]["job-0"]["allocation"].update(cores=15.0))
+    _rewrite(store, lambda d: d["payload"]["jobs"]["job-0"]["wanted"].update(cores=15.0))
     result = store.load()
     assert result.state is None and "checksum mismatch" in result.problem
     assert "moved aside to" in result.problem and len(corrupt_files(store)) == 1
@@ -130,11 +168,13 @@ def test_a_newer_version_is_refused(store: StateStore) -> None:
 @pytest.mark.parametrize(
     "edit, expected",
     [
-        (lambda p: p["jobs"]["job-0"].pop("uid"), "jobs.job-0.uid is missing"),
-        (lambda p: p["jobs"]["job-0"].update(gpus="two"), "jobs.job-0.gpus is str, expected int"),
-        (lambda p: p["jobs"]["job-0"]["allocation"].update(cpus=[0, "x"]), "cpus is not a list of CPU ids"),
-        (lambda p: p["jobs"]["job-0"].update(features={"flops": "big"}), "features has a value that is not a number"),
-        (lambda p: p.update(jobs=[]), "payload.jobs is list, expected dict"),
+        (lambda p: p["jobs"]["job-0"].pop("uid"), "jobs.job-0: required field 'uid' is missing"),
+        (lambda p: p["jobs"]["job-0"].update(gpus="two"), "jobs.job-0.gpus must be an integer, got str"),
+        (lambda p: p["jobs"]["job-0"]["applied"].update(cpus=[0, "x"]), "applied.cpus[] must be an integer, got str"),
+        (lambda p: p["jobs"]["job-0"]["wanted"].update(cpus=[0, -1]), "wanted.cpus holds a negative CPU id"),
+        (lambda p: p["jobs"]["job-0"].update(features={"flops": "big"}), "features.flops must be a number, got str"),
+        (lambda p: p["jobs"]["job-0"]["model"].update(loading_observations=[[1.0]]), "must hold 2 items, got 1"),
+        (lambda p: p.update(jobs=[]), "payload.jobs must be an object, got list"),
         (lambda p: p["jobs"]["job-0"].update(job_id="job-9"), "jobs.job-0 holds job 'job-9'"),
     ],
 )

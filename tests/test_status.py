@@ -15,8 +15,8 @@ from typing import Callable
 
 from adloader import __version__
 from adloader.client import ControllerClient
+from adloader.protocol import JobSnapshot, NodeSnapshot, decode_object
 from adloader.status import CLEAR_SCREEN, COLUMNS, EXIT_NO_CONTROLLER, effective_cores, fetch, render_table
-from controller.snapshot import JobSnapshot, NodeSnapshot
 from fixtures.managed import ControllerProcess, base_environment, wait_until
 from fixtures.processes import run_forked_as_nobody
 
@@ -124,7 +124,7 @@ def test_status_shows_a_reporting_jobs_row_and_json_matches_the_controller(contr
 
     as_json = _status(controller, "--json")
     assert as_json.returncode == 0, as_json.stderr
-    node = NodeSnapshot.from_dict(json.loads(as_json.stdout))
+    node = decode_object(NodeSnapshot, json.loads(as_json.stdout), "status")
     (seen,) = node.jobs
     assert (seen.job_id, seen.name, seen.gpus, seen.cores, seen.cgroup) == (job.job_id, job.name, 2, 1.0, job.cgroup)
     assert seen.samples_total >= job.samples_total > 0

@@ -82,6 +82,17 @@ class LoadingCurveEstimator:
     def observations(self) -> int:
         return len(self._observations)
 
+    def observed(self) -> tuple[Point, ...]:
+        """The windows kept (warm-up excluded), oldest first: what a checkpoint saves."""
+        return tuple(self._observations)
+
+    def resume(self, observed: Iterable[Point]) -> None:
+        """Take back windows :meth:`observed` returned before a restart: the job is past its
+        warm-up, and :meth:`points` is what it was."""
+        for cores, sps in observed:
+            self._observations.append((float(cores), float(sps)))
+            self._seen = max(self._seen, WARMUP_OBSERVATIONS) + 1
+
     def points(self) -> tuple[Point, ...]:
         """The fitted curve as (cores, samples/s) knots, cores increasing; the origin is
         implied, and the curve goes on beyond the last knot along its last piece. Empty

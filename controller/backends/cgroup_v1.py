@@ -34,7 +34,7 @@ from controller.backends.cgroupfs import (
     write_interface,
 )
 from controller.backends.placement import detect_scheduler, find_job_groups, launcher_cgroups, parent_below, relative
-from controller.cpuspec import CpuSpecError, parse_cpus
+from adloader.cpuspec import CpuSpecError, parse_cpus
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ from controller.backends.placement import (
     parent_below,
     relative,
 )
-from controller.cpuspec import CpuSpecError, format_cpus, parse_cpus
+from adloader.cpuspec import CpuSpecError, format_cpus, parse_cpus
 
 _CAPABILITY_OF_CONTROLLER = {"cpu": "cpu_quota", "cpuset": "cpuset", "io": "read_bps"}
 
