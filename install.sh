@@ -100,6 +100,14 @@ ensure_torch "$PY"
 extras="[plot]"  # the main job (adloader demo) ends with a plot
 [ $want_tests = 1 ] && extras="[test]"
 "$PY" -m pip install -q -e ".${extras}"
+if [ $want_tests = 1 ]; then
+  # The framework extras (Lightning, Accelerate) and torchdata for the loader's integration tests, with
+  # the installed torch as a constraint: pip must never download or replace torch for them.
+  pin=$(mktemp)
+  "$PY" -c 'import torch; print("torch==" + torch.__version__.split("+")[0])' > "$pin"
+  "$PY" -m pip install -q -c "$pin" -e ".[lightning,accelerate]" torchdata
+  rm -f "$pin"
+fi
 command -v pyenv >/dev/null 2>&1 && pyenv rehash || true
 
 if [ $want_tests = 1 ] && ! command -v promtool >/dev/null 2>&1; then

@@ -31,9 +31,15 @@ def job_id(environ: Mapping[str, str] | None = None) -> str | None:
 
 def rank(environ: Mapping[str, str] | None = None) -> int:
     """``RANK`` (set by torchrun): this process's global rank; 0 when not distributed.
-    Each rank's loader reports separately and the controller sums them per job."""
-    value = (environ if environ is not None else os.environ).get("RANK", "")
-    return int(value) if value.strip().isdigit() else 0
+    Each rank's loader reports separately and the controller sums them per job. Without ``RANK``,
+    ``LOCAL_RANK``: Lightning's ddp launcher sets only that, and ranks on one node (the controller's
+    scope) differ by it."""
+    environ = environ if environ is not None else os.environ
+    for name in ("RANK", "LOCAL_RANK"):
+        value = environ.get(name, "")
+        if value.strip().isdigit():
+            return int(value)
+    return 0
 
 
 def world_size(environ: Mapping[str, str] | None = None) -> int:

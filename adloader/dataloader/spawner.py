@@ -49,6 +49,11 @@ _PR_SET_PDEATHSIG = 1
 _MAX_MESSAGE = 1 << 16
 _STOP_GRACE_S = 1.0
 
+# The training-process ends of every live helper's control socket. A helper forked while another is
+# alive inherits the other's end; it closes them all at once, or that other helper would never see its
+# control socket close (and would be killed after a timeout instead of exiting).
+_control_ends: set[int] = set()
+
 
 class WorkerSpawner:
     """The training-process side of the helper: ask for workers, read what happened to them."""
@@ -57,9 +62,10 @@ class WorkerSpawner:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         forked = context.get_start_method() == "fork"
         self._sock = ours
+        inherited = sorted(_control_ends | {ours.fileno()}) if forked else []
         self.process = context.Process(
             target=_helper_main,
-            args=(theirs, ours.fileno() if forked else -1, spec if forked else None, proc_root),
+            args=(theirs, inherited, spec if forked else None, proc_root),
             name="adloader-spawner",
             daemon=True,
         )
@@ -70,6 +76,7 @@ class WorkerSpawner:
             raise
         finally:
             theirs.close()
+        _control_ends.add(ours.fileno())
         self._next_token = 0
         self.started = False  # True once the helper said HELLO: it got past its own start-up
 
@@ -117,6 +124,7 @@ class WorkerSpawner:
 
     def close(self, timeout: float = 3.0) -> None:
         """Close the control socket; the helper stops its workers and exits. Kill it if it does not."""
+        _control_ends.discard(self._sock.fileno())
         try:
             self._sock.close()
         except OSError:
@@ -131,9 +139,12 @@ class WorkerSpawner:
 # ------------------------------------------------------------------ inside the helper process
 
 
-def _helper_main(sock: socket.socket, inherited_end: int, payload: FetchSpec | None, proc_root: str) -> None:
-    if inherited_end >= 0:  # fork: we inherited the training process's end of the socket; keep only ours
-        os.close(inherited_end)
+def _helper_main(sock: socket.socket, inherited_ends: list[int], payload: FetchSpec | None, proc_root: str) -> None:
+    for fd in inherited_ends:  # fork: the training process's ends of this and other helpers' sockets
+        try:
+            os.close(fd)
+        except OSError:
+            pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training process's to handle
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
