@@ -17,7 +17,7 @@ from adloader import __version__
 from adloader.client import ControllerClient
 from adloader.protocol import JobSnapshot, NodeSnapshot, decode_object
 from adloader.status import CLEAR_SCREEN, COLUMNS, EXIT_NO_CONTROLLER, effective_cores, fetch, render_table
-from fixtures.managed import ControllerProcess, base_environment, wait_until
+from fixtures.managed import ControllerProcess, base_environment, default_signal_dispositions, wait_until
 from fixtures.processes import run_forked_as_nobody
 
 REPO = Path(__file__).resolve().parent.parent
@@ -151,7 +151,8 @@ def test_watch_redraws_a_terminal_in_place_and_keeps_going_when_the_controller_g
     primary, secondary = pty.openpty()
     proc = subprocess.Popen([sys.executable, "-m", "adloader", "status", "--watch", "0.2", "--socket",
                              str(controller.socket)], stdout=secondary, stderr=secondary, cwd=REPO,
-                            env=base_environment(), start_new_session=True)
+                            env=base_environment(), start_new_session=True,
+                            preexec_fn=default_signal_dispositions)  # SIGINT must end it, even under nohup
     os.close(secondary)
     screen = b""
     try:
@@ -183,7 +184,8 @@ def test_watch_into_a_pipe_prints_one_json_object_per_line_and_refresh(controlle
     _reporting(controller, "status-pipe")
     proc = subprocess.Popen([sys.executable, "-m", "adloader", "status", "--watch", "0.1", "--json", "--socket",
                              str(controller.socket)], stdout=subprocess.PIPE, text=True, cwd=REPO,
-                            env=base_environment(), start_new_session=True)
+                            env=base_environment(), start_new_session=True,
+                            preexec_fn=default_signal_dispositions)
     try:
         assert proc.stdout is not None
         frames = [json.loads(proc.stdout.readline()) for _ in range(3)]
