@@ -39,14 +39,15 @@ except ImportError:  # pragma: no cover - every supported torch has it
 
 OP_CLASSES: tuple[str, ...] = (
     "gemm", "conv", "conv_depthwise", "attention", "lstm", "rnn", "norm", "pool", "reduction", "movement",
-    "elementwise", "math", "random", "optimizer",
+    "embedding", "elementwise", "math", "random", "optimizer",
 )
 """Operator classes. Each gets its own bytes, op-count and large-allocation features (and FLOPs
 for :data:`COMPUTE_CLASSES`) and its own learned coefficients. ``attention``, ``lstm`` and
 ``rnn`` (GRU and plain RNN cells) are fused regions: LSTMs apart because CPUs and GPUs alike
 run them as one fused kernel, while a CPU runs GRUs step by step; ``math`` is element-wise work that is not simple arithmetic (division, roots,
 exponentials, activations with transcendentals); ``random`` draws random numbers (dropout);
-``optimizer`` is every op of ``optimizer.step()``."""
+``embedding`` is table lookups (``nn.Embedding``, ``nn.EmbeddingBag``) and their dense or sparse
+gradients; ``optimizer`` is every op of ``optimizer.step()``."""
 
 COMPUTE_CLASSES = ("gemm", "conv", "conv_depthwise", "attention", "lstm", "rnn")
 """Classes with FLOPs (PyTorch's FLOP formulas cover only these); an op of these without a
@@ -67,8 +68,13 @@ _MOVEMENT = {"cat", "stack", "copy", "clone", "_to_copy", "index", "index_put", 
              "scatter_add", "constant_pad_nd", "repeat", "flip", "roll", "slice_backward", "select_backward",
              "as_strided_scatter", "slice_scatter", "select_scatter", "masked_select", "take", "reflection_pad1d",
              "reflection_pad2d", "replication_pad1d", "replication_pad2d", "_unsafe_index", "index_copy",
-             "unfold_backward", "col2im", "im2col", "contiguous", "embedding", "embedding_dense_backward",
-             "embedding_backward", "_embedding_bag", "index_select", "index_add"}
+             "unfold_backward", "col2im", "im2col", "contiguous", "index_select", "index_add"}
+_EMBEDDING_LOOKUPS = {"embedding", "_embedding_bag", "_embedding_bag_forward_only", "embedding_bag"}
+"""Table lookups: they read the rows their indices name, never the whole table."""
+_EMBEDDING_SPARSE_GRADIENTS = {"embedding_sparse_backward", "_embedding_bag_sparse_backward"}
+_EMBEDDING = _EMBEDDING_LOOKUPS | _EMBEDDING_SPARSE_GRADIENTS | {
+    "embedding_dense_backward", "embedding_backward", "_embedding_bag_backward", "_embedding_bag_dense_backward",
+    "_embedding_bag_per_sample_weights_backward", "embedding_renorm"}
 _REDUCTION = {"sum", "mean", "amax", "amin", "max", "min", "argmax", "argmin", "var", "std", "var_mean",
               "std_mean", "prod", "logsumexp", "cumsum", "linalg_vector_norm", "norm", "_softmax",
               "_log_softmax", "_safe_softmax", "_softmax_backward_data", "_log_softmax_backward_data",
@@ -145,6 +151,8 @@ def classify_name(name: str) -> str:
         return "random"
     if base in _REDUCTION:
         return "reduction"
+    if base in _EMBEDDING:
+        return "embedding"
     if base in _MOVEMENT:
         return "movement"
     if base in _MATH:
@@ -169,9 +177,12 @@ def class_of_timed_key(key: str) -> str:
 
 
 def tensor_bytes(value: Any) -> int:
-    """Bytes a tensor spans: its elements, but never more than its storage (expanded tensors)."""
+    """Bytes a tensor spans: its elements, but never more than its storage (expanded tensors); a
+    sparse tensor's values and indices."""
     if not isinstance(value, torch.Tensor):
         return 0
+    if value.is_sparse:
+        return tensor_bytes(value._values()) + tensor_bytes(value._indices())
     dense = value.numel() * value.element_size()
     try:
         return min(dense, value.untyped_storage().nbytes())
@@ -377,8 +388,7 @@ class StepAccountant(TorchDispatchMode):
             self.tally.ops_without_formula += 1
             self.tally.unformulated.add(name)
         outputs = [] if name in _EMPTY else [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        written = sum(tensor_bytes(t) for t in outputs)
-        read = 0 if name in _EMPTY else sum(tensor_bytes(t) for t in tree_flatten((args, kwargs))[0])
+        read, written = (0, 0) if name in _EMPTY else bytes_moved(name, args, kwargs, outputs)
         if not _writes_in_place(func):
             tally.alloc += scale * sum(b for b in map(tensor_bytes, outputs) if b >= ALLOC_LARGE_BYTES)
         moved = scale * (read + written)
@@ -388,6 +398,37 @@ class StepAccountant(TorchDispatchMode):
         self.tally.phase_bytes[self.phase] += moved
         if self.phase == "forward":
             self.tally.forward_output_bytes += scale * written
+
+
+def bytes_moved(name: str, args: tuple, kwargs: dict, outputs: list[torch.Tensor]) -> tuple[int, int]:
+    """(read, written) bytes of one op: every tensor it takes and returns, except where that
+    overstates what the op touches. A table lookup reads the rows its indices name, not the
+    table; a sparse embedding gradient holds one row per index (on the meta device its size is
+    unknown); an op with a sparse operand touches only the rows that operand holds."""
+    inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+    written = sum(tensor_bytes(t) for t in outputs)
+    if name in _EMBEDDING_LOOKUPS and len(inputs) >= 2:
+        table, indices = inputs[0], inputs[1]
+        rows = indices.numel() * table[0].numel() * table.element_size() if table.dim() else 0
+        return rows + sum(tensor_bytes(t) for t in inputs[1:]), written
+    if _is_sparse_embedding_gradient(name, args) and len(inputs) >= 2:
+        grad, indices = inputs[0], inputs[1]
+        return sum(tensor_bytes(t) for t in inputs), \
+            indices.numel() * (grad.shape[-1] * grad.element_size() + indices.element_size())
+    sparse = [t for t in inputs + outputs if t.is_sparse]
+    if sparse:
+        touched = max(tensor_bytes(t) for t in sparse)
+        return sum(tensor_bytes(t) if t.is_sparse else min(tensor_bytes(t), touched) for t in inputs), \
+            sum(tensor_bytes(t) if t.is_sparse else min(tensor_bytes(t), touched) for t in outputs)
+    return sum(tensor_bytes(t) for t in inputs), written
+
+
+def _is_sparse_embedding_gradient(name: str, args: tuple) -> bool:
+    """The backward of a lookup with ``sparse=True`` (its ``sparse`` flag is positional)."""
+    if name in _EMBEDDING_SPARSE_GRADIENTS:
+        return True
+    index = {"_embedding_bag_backward": 9, "embedding_backward": 5}.get(name)
+    return index is not None and len(args) > index and args[index] is True
 
 
 def _grouped_conv_backward_flops(args: tuple) -> float:

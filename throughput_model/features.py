@@ -36,12 +36,13 @@ OPTIMIZERS: dict[str, Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer] 
     "sgd": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
     "adam": lambda params: torch.optim.Adam(params, lr=1e-3),
     "adamw": lambda params: torch.optim.AdamW(params, lr=1e-3),
+    "sgd-plain": lambda params: torch.optim.SGD(params, lr=0.1),
     "none": None,
 }
 
 # Optimizer traffic per parameter byte and ops per parameter tensor, used only when the
 # optimizer step cannot be replayed (single-tensor implementations, as on CPU).
-_OPTIMIZER_FALLBACK = {"sgd": (5.0, 3.0), "adam": (10.0, 10.0), "adamw": (10.0, 11.0), "none": (0.0, 0.0)}
+_OPTIMIZER_FALLBACK = {"sgd": (5.0, 3.0), "sgd-plain": (3.0, 1.0), "adam": (10.0, 10.0), "adamw": (10.0, 11.0), "none": (0.0, 0.0)}
 
 GLOBAL_KEYS: tuple[str, ...] = (
     "batch_size", "gpus", "params", "param_bytes", "grad_bytes", "param_tensors", "dtype_bytes",
@@ -54,7 +55,7 @@ CLASS_KEYS: tuple[str, ...] = tuple(
 """Per class: FLOPs (compute classes), bytes, ops, and large allocations (not for fused regions,
 whose meta-device decomposition allocates buffers the fused kernel does not)."""
 FEATURE_KEYS: tuple[str, ...] = GLOBAL_KEYS + CLASS_KEYS
-MAX_KEYS = 60
+MAX_KEYS = 64
 assert len(FEATURE_KEYS) <= MAX_KEYS
 
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import sys
+import types
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -148,6 +150,19 @@ def features_for(zoo_name: str | None = None, model_file: Path | None = None, ba
     optimizer = built[3] if len(built) > 3 else "adamw"
     description = describe(model, example, loss_fn=loss_fn, optimizer=optimizer, gpus=gpus, batch_size=batch)
     return description.features, f"{model_file.name} ({type(model).__name__}, batch {int(description.features['batch_size'])})"
+
+
+class _CallableModule(types.ModuleType):
+    """This module, callable: ``throughput_model.predict(features, ...)`` is :func:`predict`
+    while ``throughput_model.predict.Prediction`` and every ``from throughput_model.predict
+    import ...`` keep working."""
+
+    def __call__(self, features: Mapping[str, float], gpus: int = 1, device: str | Device = "cpu",
+                 corpus: Path | None = None) -> Prediction:
+        return predict(features, gpus=gpus, device=device, corpus=corpus)
+
+
+sys.modules[__name__].__class__ = _CallableModule
 
 
 def _build_from_file(path: Path) -> tuple:

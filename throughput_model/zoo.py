@@ -1,6 +1,6 @@
 """A zoo of training workloads built from torch alone (no downloads, no torchvision).
 
-Eight families, each at several widths, depths and batch sizes, so that the model
+Ten families, each at several widths, depths and batch sizes, so that the model
 can be judged on families it never saw (leave one family out). The families share
 operator classes (matmul, convolution, attention, normalisation...) but mix them
 in different proportions and sizes, which is what a new architecture looks like
@@ -277,6 +277,71 @@ class ViT(nn.Module):
         return self.head(self.norm(self.blocks(x))[:, 0])
 
 
+class Recommender(nn.Module):
+    """DLRM-style click model: one ``nn.EmbeddingBag`` per sparse feature (sum of the bag's rows),
+    the pooled vectors concatenated into an MLP. With ``sparse`` the tables get sparse gradients
+    (one row per looked-up index) instead of dense table-sized ones."""
+
+    def __init__(self, rows: int, dim: int, tables: int, width: int, depth: int, sparse: bool) -> None:
+        super().__init__()
+        self.tables = nn.ModuleList(nn.EmbeddingBag(rows, dim, mode="sum", sparse=sparse) for _ in range(tables))
+        self.mlp = MLP(dim * tables, width, depth, 2, norm=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # ids: (batch, tables, bag)
+        pooled = [table(ids[:, index]) for index, table in enumerate(self.tables)]
+        return self.mlp(torch.cat(pooled, dim=1))
+
+
+class SequenceRecommender(nn.Module):
+    """GRU4Rec-style session model: the item embeddings of a session run through a recurrent
+    cell; the last state, joined with the candidate item's embedding, scores the click."""
+
+    def __init__(self, items: int, dim: int, cell: str, hidden: int, sparse: bool) -> None:
+        super().__init__()
+        self.items = nn.Embedding(items, dim, sparse=sparse)
+        self.rnn = {"lstm": nn.LSTM, "gru": nn.GRU}[cell](dim, hidden, batch_first=True)
+        self.head = nn.Sequential(nn.Linear(hidden + dim, hidden), nn.ReLU(), nn.Linear(hidden, 2))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:  # ids: (batch, session + 1), the last is the candidate
+        embedded = self.items(ids)
+        states, _ = self.rnn(embedded[:, :-1])
+        return self.head(torch.cat([states[:, -1], embedded[:, -1]], dim=1))
+
+
+class UNet(nn.Module):
+    """U-Net encoder-decoder for per-pixel classification: two 3x3 convolutions per level (plain or
+    depthwise-separable), max-pool down, transposed convolution up, the encoder's features
+    joined back through skip connections. Returns (batch, height, width, classes)."""
+
+    def __init__(self, width: int, levels: int, separable: bool, classes: int) -> None:
+        super().__init__()
+
+        def block(cin: int, cout: int) -> nn.Module:
+            def conv(a: int, b: int) -> list[nn.Module]:
+                if separable:
+                    return [nn.Conv2d(a, a, 3, padding=1, groups=a, bias=False), nn.Conv2d(a, b, 1, bias=False)]
+                return [nn.Conv2d(a, b, 3, padding=1, bias=False)]
+            return nn.Sequential(*conv(cin, cout), nn.BatchNorm2d(cout), nn.ReLU(inplace=True),
+                                 *conv(cout, cout), nn.BatchNorm2d(cout), nn.ReLU(inplace=True))
+
+        self.stem = nn.Sequential(nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width),
+                                  nn.ReLU(inplace=True))
+        self.down = nn.ModuleList(block(width * 2 ** i, width * 2 ** (i + 1)) for i in range(levels))
+        self.up = nn.ModuleList(nn.ConvTranspose2d(width * 2 ** (i + 1), width * 2 ** i, 2, stride=2)
+                                for i in reversed(range(levels)))
+        self.merge = nn.ModuleList(block(width * 2 ** (i + 1), width * 2 ** i) for i in reversed(range(levels)))
+        self.head = nn.Conv2d(width, classes, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        skips = [self.stem(x)]
+        for down in self.down:
+            skips.append(down(F.max_pool2d(skips[-1], 2)))
+        y = skips.pop()
+        for up, merge in zip(self.up, self.merge):
+            y = merge(torch.cat([up(y), skips.pop()], dim=1))
+        return self.head(y).permute(0, 2, 3, 1)
+
+
 # ---------------------------------------------------------------- the zoo
 
 
@@ -311,6 +376,10 @@ def _sequence(steps: int, features: int) -> Callable[[int, torch.device], torch.
 
 def _wave(samples: int) -> Callable[[int, torch.device], torch.Tensor]:
     return lambda batch, device: torch.randn(batch, 1, samples, device=device)
+
+
+def _bags(rows: int, tables: int, bag: int) -> Callable[[int, torch.device], torch.Tensor]:
+    return lambda batch, device: torch.randint(0, rows, (batch, tables, bag), device=device)
 
 
 def _vectors(size: int) -> Callable[[int, torch.device], torch.Tensor]:
@@ -398,6 +467,31 @@ def _zoo() -> list[ZooModel]:
         add(f"vit-i{image}-p{patch}-d{dim}-l{depth}-h{heads}", "vit",
             lambda i=image, p=patch, d=dim, l=depth, h=heads: ViT(i, p, d, l, h, 10), _images(image),
             batches, "adamw", quick)
+    for rows, dim, tables, bag, width, depth, sparse, optimizer, batches, quick in [
+        (50_000, 32, 1, 16, 256, 2, False, "adam", (32, 128, 512), True),
+        (50_000, 64, 2, 8, 512, 3, True, "sgd-plain", (32, 128, 512), True),
+        (50_000, 16, 4, 4, 128, 2, False, "adamw", (64, 256, 1024), False),
+        (20_000, 32, 4, 32, 256, 3, True, "sgd-plain", (16, 64, 256), False),
+        (100_000, 16, 1, 64, 512, 2, False, "sgd", (16, 64, 256), False),
+        (50_000, 64, 1, 8, 1024, 2, False, "adam", (16, 64, 256), False),
+    ]:
+        add(f"recsys-bag-r{rows}-d{dim}-t{tables}-b{bag}-w{width}-l{depth}{'-sparse' if sparse else ''}", "recsys",
+            lambda r=rows, d=dim, t=tables, w=width, l=depth, s=sparse: Recommender(r, d, t, w, l, s),
+            _bags(rows, tables, bag), batches, optimizer, quick)
+    for cell, items, dim, hidden, session, sparse, optimizer, quick in [
+        ("gru", 50_000, 64, 128, 20, False, "adam", False), ("lstm", 50_000, 32, 128, 30, True, "sgd-plain", False),
+    ]:
+        add(f"recsys-{cell}-i{items}-d{dim}-h{hidden}-t{session}{'-sparse' if sparse else ''}", "recsys",
+            lambda c=cell, i=items, d=dim, h=hidden, s=sparse: SequenceRecommender(i, d, c, h, s),
+            _tokens(items, session + 1), (8, 32, 128), optimizer, quick)
+
+    for width, levels, separable, image, batches, quick in [
+        (8, 2, False, 32, (2, 8, 16), True), (16, 3, False, 32, (1, 4, 8), False), (8, 3, True, 64, (1, 4, 8), True),
+        (16, 2, True, 32, (2, 8, 16), False), (12, 3, False, 48, (1, 3, 6), False), (24, 2, True, 48, (1, 3, 6), False),
+        (8, 4, False, 64, (1, 2, 4), False), (16, 3, True, 64, (1, 2, 4), False),
+    ]:
+        add(f"unet-w{width}-l{levels}{'-sep' if separable else ''}-i{image}", "unet",
+            lambda w=width, l=levels, s=separable: UNet(w, l, s, 4), _images(image), batches, "adam", quick)
     return models
 
 
