@@ -10,6 +10,7 @@ import pytest
 
 from throughput_model import fit
 from throughput_model.errors import CorpusError
+from throughput_model.zoo import ZOO
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,7 +53,7 @@ def test_predict_says_what_is_wrong() -> None:
     proc = _model("predict", "--zoo", "mlp-w256-d2", "--device", "TPU", check=False)
     assert proc.returncode == 2 and "no device 'TPU'" in proc.stderr
     listing = _model("predict", "--list").stdout.splitlines()
-    assert len(listing) == 64 and listing[0].startswith("mlp-")
+    assert len(listing) == len(ZOO) and listing[0].startswith("mlp-")
 
 
 def test_fit_shows_every_class_coefficient() -> None:

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from adloader import protocol
-from throughput_model.counting import COMPUTE_CLASSES, OP_CLASSES, account_step
+from throughput_model.counting import COMPUTE_CLASSES, OP_CLASSES, StepAccountant, account_step
 from throughput_model.features import FEATURE_KEYS, MAX_KEYS, describe
 from throughput_model.zoo import FAMILIES, ZOO, classification_loss, resnet50
 
@@ -98,6 +98,32 @@ def test_a_long_rnn_is_counted_on_a_probe_of_its_sequence() -> None:
     assert probed.flops == pytest.approx(full_regions.flops, rel=1e-9)
     assert probed.ops == pytest.approx(full_regions.ops, rel=0.1)
     assert 0.7 * full_regions.bytes < probed.bytes < full_regions.bytes
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_embedding_lookups_read_their_rows_and_gradients_follow_the_sparse_flag(sparse: bool) -> None:
+    """A 50k-row table looked up by 64 bags of 8 indices: the forward reads 512 rows, not the table;
+    a dense gradient writes the whole table (and plain SGD then streams it), a sparse one writes one
+    row (and its index) per looked-up index, and the optimizer touches only those rows."""
+    rows, dim, batch, bag = 50_000, 32, 64, 8
+    table = rows * dim * 4
+    looked_up = batch * bag * dim * 4
+    with StepAccountant() as forward_only:
+        nn.EmbeddingBag(rows, dim, mode="sum", sparse=sparse).to("meta")(torch.zeros(batch, bag, dtype=torch.long,
+                                                                                     device="meta"))
+    lookup = forward_only.tally.classes["embedding"].bytes
+    assert looked_up < lookup < 2 * looked_up  # the rows, the int64 indices and offsets, the pooled output
+    features = describe(nn.EmbeddingBag(rows, dim, mode="sum", sparse=sparse), torch.randint(0, rows, (batch, bag)),
+                        optimizer="sgd-plain").features
+    assert features["count_complete"] == 1.0
+    assert features["embedding_ops"] == 2  # one lookup, one gradient
+    gradient = features["embedding_bytes"] - lookup
+    if sparse:
+        assert gradient == pytest.approx(batch * bag * (dim * 4 + 8) + batch * dim * 4, rel=0.5)
+        assert features["embedding_alloc"] == 0 and features["optimizer_bytes"] < table / 4
+    else:
+        assert gradient >= table and features["embedding_alloc"] >= table
+        assert features["optimizer_bytes"] >= 3 * table  # read the parameter and its gradient, write the parameter
 
 
 def test_resnet50_is_described_completely_without_touching_the_model() -> None:

@@ -49,6 +49,21 @@ def test_profiling_measures_a_real_training_step() -> None:
     assert record["features"]["count_complete"] == 1.0
 
 
+def test_split_half_noise_compares_the_medians_of_a_points_two_halves() -> None:
+    assert evaluate.split_half_noise([1.0, 1.2, 1.0, 2.0, 2.0, 2.2]) == pytest.approx(0.5)
+    assert evaluate.split_half_noise([1.0, 1.0, 1.0]) is None
+
+
+def test_a_profile_calibrates_the_device_at_each_family_boundary() -> None:
+    points = [(zoo_model("mlp-w256-d2"), 16), (zoo_model("recsys-bag-r20000-d32-t4-b32-w256-l3-sparse"), 16)]
+    corpus = profile.profile(points, steps=2)
+    assert [p["family"] for p in corpus["points"]] == ["mlp", "recsys"]
+    assert len(corpus["calibrations"]) == 3  # before, between the two families, after
+    flops = sorted(c["numbers"]["peak_flops"] for c in corpus["calibrations"])
+    assert corpus["device_numbers"]["peak_flops"] == flops[1]  # the median, not the mean of the ends
+    assert corpus["points"][1]["features"]["embedding_ops"] > 0
+
+
 def test_the_shipped_corpus_is_json_data_covering_every_family(corpus: dict) -> None:
     text = resources.files("throughput_model").joinpath("data/corpus.json").read_text()
     assert json.loads(text)["points"]  # plain JSON: no pickle anywhere
@@ -68,7 +83,7 @@ def test_the_fitted_model_is_rebuilt_from_the_corpus_and_cached() -> None:
 
 
 def test_a_class_no_training_family_shows_is_borrowed(corpus: dict) -> None:
-    points = [p for p in fit.points_of(corpus) if p["family"] not in ("rnn", "audio")]
+    points = [p for p in fit.points_of(corpus) if p["family"] not in ("rnn", "audio", "recsys")]  # every GRU and RNN
     model = fit.fit(points, fit.corpus_device(corpus), with_interval=False)
     assert model.sources["rnn"].startswith("borrowed")
     assert model.coefficients["rnn"][0] == model.coefficients["gemm"][0]
@@ -86,6 +101,8 @@ def test_fit_and_evaluate_end_to_end_on_a_subset(corpus: dict) -> None:
         assert math.isfinite(summary["mean_ape"]) and summary["p90_ape"] >= 0
         assert -1 <= summary["spearman"] <= 1
     assert pooled["online"]["n"] == len(small["points"])
+    assert pooled["noise_floor"]["n"] == len(small["points"]) and pooled["noise_floor"]["mean_ape"] >= 0
+    assert set(result["goals_met"]) == set(evaluate.GOALS)
     table = evaluate.markdown(result)
     assert "CPU-proxy" in table and "| mlp |" in table and "Goals" in table
 

@@ -24,7 +24,7 @@ import itertools
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -337,6 +337,10 @@ class StepAccountant(TorchDispatchMode):
         self.clock = clock
         self.phase = "forward"
         self.tally = StepTally()
+        self.sparse_sizes: dict[int, int] = {}
+        """Bytes of the sparse tensors made during the step, by ``id`` (see :func:`bytes_moved`)."""
+        self._sparse_alive: list[torch.Tensor] = []
+        """Keeps those tensors alive for the step, so that no other tensor reuses their ``id``."""
 
     def _region(self) -> tuple[str, int, float] | None:
         if self.regions is not None and self.regions.current is not None:
@@ -388,39 +392,50 @@ class StepAccountant(TorchDispatchMode):
             self.tally.ops_without_formula += 1
             self.tally.unformulated.add(name)
         outputs = [] if name in _EMPTY else [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        read, written = (0, 0) if name in _EMPTY else bytes_moved(name, args, kwargs, outputs)
+        read, written = ([], []) if name in _EMPTY else bytes_moved(name, args, kwargs, outputs, self.sparse_sizes)
+        for tensor, nbytes in zip(outputs, written):
+            if tensor.is_sparse:  # a sparse result holds as many rows as what made it
+                self.sparse_sizes[id(tensor)] = nbytes
+                self._sparse_alive.append(tensor)
         if not _writes_in_place(func):
-            tally.alloc += scale * sum(b for b in map(tensor_bytes, outputs) if b >= ALLOC_LARGE_BYTES)
-        moved = scale * (read + written)
+            tally.alloc += scale * sum(b for b in written if b >= ALLOC_LARGE_BYTES)
+        moved = scale * (sum(read) + sum(written))
         tally.flops += flops
         tally.bytes += moved
         self.tally.phase_flops[self.phase] += flops
         self.tally.phase_bytes[self.phase] += moved
         if self.phase == "forward":
-            self.tally.forward_output_bytes += scale * written
+            self.tally.forward_output_bytes += scale * sum(written)
 
 
-def bytes_moved(name: str, args: tuple, kwargs: dict, outputs: list[torch.Tensor]) -> tuple[int, int]:
-    """(read, written) bytes of one op: every tensor it takes and returns, except where that
-    overstates what the op touches. A table lookup reads the rows its indices name, not the
-    table; a sparse embedding gradient holds one row per index (on the meta device its size is
-    unknown); an op with a sparse operand touches only the rows that operand holds."""
+def bytes_moved(name: str, args: tuple, kwargs: dict, outputs: list[torch.Tensor],
+                sparse_sizes: Mapping[int, int] | None = None) -> tuple[list[int], list[int]]:
+    """Bytes one op reads and writes, per operand: every tensor it takes and returns, except where
+    that overstates what the op touches. A table lookup reads the rows its indices name, not the
+    table; a sparse embedding gradient holds one row (and its index) per looked-up index; an op
+    with a sparse operand touches only the rows that operand holds. ``sparse_sizes`` gives the
+    bytes of sparse tensors by ``id`` where the tensor itself cannot say (on the meta device a
+    sparse gradient's row count is unknown)."""
+    sizes = sparse_sizes or {}
+
+    def size(t: torch.Tensor) -> int:
+        return sizes.get(id(t), tensor_bytes(t)) if t.is_sparse else tensor_bytes(t)
+
     inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-    written = sum(tensor_bytes(t) for t in outputs)
     if name in _EMBEDDING_LOOKUPS and len(inputs) >= 2:
         table, indices = inputs[0], inputs[1]
         rows = indices.numel() * table[0].numel() * table.element_size() if table.dim() else 0
-        return rows + sum(tensor_bytes(t) for t in inputs[1:]), written
+        return [rows] + [size(t) for t in inputs[1:]], [size(t) for t in outputs]
     if _is_sparse_embedding_gradient(name, args) and len(inputs) >= 2:
         grad, indices = inputs[0], inputs[1]
-        return sum(tensor_bytes(t) for t in inputs), \
-            indices.numel() * (grad.shape[-1] * grad.element_size() + indices.element_size())
+        return [size(t) for t in inputs], \
+            [indices.numel() * (grad.shape[-1] * grad.element_size() + indices.element_size())]
     sparse = [t for t in inputs + outputs if t.is_sparse]
     if sparse:
-        touched = max(tensor_bytes(t) for t in sparse)
-        return sum(tensor_bytes(t) if t.is_sparse else min(tensor_bytes(t), touched) for t in inputs), \
-            sum(tensor_bytes(t) if t.is_sparse else min(tensor_bytes(t), touched) for t in outputs)
-    return sum(tensor_bytes(t) for t in inputs), written
+        touched = max(size(t) for t in sparse)
+        return [size(t) if t.is_sparse else min(size(t), touched) for t in inputs], \
+            [touched if t.is_sparse else min(size(t), touched) for t in outputs]
+    return [size(t) for t in inputs], [size(t) for t in outputs]
 
 
 def _is_sparse_embedding_gradient(name: str, args: tuple) -> bool:
@@ -497,6 +512,6 @@ def account_step(
 __all__ = [
     "OP_CLASSES", "COMPUTE_CLASSES", "PHASES", "ClassTally", "StepTally", "FusedRegions", "StepAccountant",
     "classify", "classify_name", "timed_key", "class_of_timed_key", "is_view", "op_name", "tensor_bytes",
-    "cpu_clock", "per_class", "FUSED_CLASSES", "SHAPE_CLASSES", "ALLOC_LARGE_BYTES",
+    "cpu_clock", "per_class", "FUSED_CLASSES", "SHAPE_CLASSES", "ALLOC_LARGE_BYTES", "bytes_moved",
     "AccountedStep", "account_step",
 ]

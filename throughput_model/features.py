@@ -88,8 +88,8 @@ def describe(
     ``example_batch`` is what the model is called with: a tensor (``model(x)``), a tuple or
     list (``model(*batch)``) or a dict (``model(**batch)``). ``loss_fn(output)`` makes the
     scalar loss (default: the sum of the floating outputs, which costs about what a real loss
-    costs except for very large classifier heads). ``optimizer`` is "sgd", "adam", "adamw",
-    "none" or a factory ``params -> Optimizer``. Call it before training starts, not while
+    costs except for very large classifier heads). ``optimizer`` is "sgd" (momentum 0.9), "sgd-plain"
+    (no momentum: what sparse embedding gradients train with), "adam", "adamw", "none" or a factory ``params -> Optimizer``. Call it before training starts, not while
     another thread trains the same model: the parameters are swapped for meta tensors during
     the call.
     """

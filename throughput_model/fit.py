@@ -47,6 +47,7 @@ BORROW: dict[str, tuple[str, str, str, str]] = {
     "lstm": ("gemm", "gemm", "attention", "elementwise"),
     "rnn": ("gemm", "gemm", "elementwise", "elementwise"),
     "random": ("math", "math", "math", "math"),
+    "embedding": ("movement", "movement", "movement", "movement"),
 }
 """Where a class with too little data takes each term's coefficient from (a fused LSTM costs
 what a GEMM does per FLOP and what an attention region does per decomposed op); classes not

@@ -12,8 +12,9 @@ Profiling runs at one thread (``torch.set_num_threads(1)``) unless told otherwis
 are the thread's CPU time (``time.thread_time``): at one thread every op runs on the calling
 thread, so this equals the wall time of an idle machine while ignoring the time other
 processes of a shared machine take the core (the wall-clock median is kept too, as
-``step_wall_s``). The device is measured before and after; the spread of those numbers and
-the load average say how much the machine was shared.
+``step_wall_s``). The device is measured before the first point, between families and after
+the last; the median of those measurements is the corpus's device, and their spread and the
+load averages recorded with them say how much the machine drifted or was shared.
 """
 from __future__ import annotations
 
@@ -117,21 +118,21 @@ def profile(
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        before = measure_cpu_numbers(threads)
         started = time.time()
-        load_before = os.getloadavg()
+        calibrations = [_calibration(threads)]
         records = []
         for index, (spec, batch) in enumerate(points):
+            if index > 0 and spec.family != points[index - 1][0].family:
+                calibrations.append(_calibration(threads))
             record = profile_point(spec, batch, steps)
             records.append(record)
             if progress is not None:
                 progress(index + 1, len(points), record)
             gc.collect()
-        after = measure_cpu_numbers(threads)
-        load_after = os.getloadavg()
+        calibrations.append(_calibration(threads))
     finally:
         torch.set_num_threads(previous)
-    numbers = {k: statistics.mean([before[k], after[k]]) for k in before}
+    numbers = {k: statistics.median(c["numbers"][k] for c in calibrations) for k in calibrations[0]["numbers"]}
     device = cpu_device(numbers, threads, cpu_model_name())
     return {
         "version": CORPUS_VERSION,
@@ -140,16 +141,24 @@ def profile(
         "cpu_model": cpu_model_name(),
         "device": asdict(device),
         "device_numbers": numbers,
-        "device_numbers_before": before,
-        "device_numbers_after": after,
+        "device_numbers_before": calibrations[0]["numbers"],
+        "device_numbers_after": calibrations[-1]["numbers"],
+        "calibrations": calibrations,
         "threads": threads,
         "steps": steps,
         "wall_s": round(time.time() - started, 1),
-        "loadavg_before": load_before,
-        "loadavg_after": load_after,
+        "loadavg_before": calibrations[0]["loadavg"],
+        "loadavg_after": calibrations[-1]["loadavg"],
         "cpus_online": os.cpu_count(),
         "points": records,
     }
+
+
+def _calibration(threads: int) -> dict:
+    """The device's peaks and the load average now: measured before the first point, between
+    families and after the last, so that drift during a long profile shows and the device numbers
+    are the median of them all rather than of two ends."""
+    return {"at": round(time.time(), 1), "numbers": measure_cpu_numbers(threads), "loadavg": list(os.getloadavg())}
 
 
 def save(corpus: dict, path: Path) -> None:
