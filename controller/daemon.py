@@ -21,6 +21,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 from adloader import __version__, paths, protocol
 from controller import faults
@@ -84,12 +85,14 @@ class Controller:
         predictor: Predictor | None = None,
         on_job_finished: JobFinishedHook | None = None,
         recall: Recall | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``clock``: the registry's monotonic clock (report windows), injectable for tests."""
         self.config = config
         self.backend = backend or detect_backend(config.backend, config.group, config.cgroup_root, config.proc)
         self.node = NodeResources(cpus=config.cpus, read_bps=config.read_bps, read_device=config.read_device)
         self.registry = Registry(window_s=config.window_s, predictor=predictor, on_job_finished=on_job_finished,
-                                 recall=recall)
+                                 recall=recall, clock=clock)
         self.store = StateStore(config.state_dir)
         self.ownership = Ownership(config.lock_dir, config.group, config.state_dir)
         self.loop = ControlLoop(

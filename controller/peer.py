@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from controller.backends.placement import cgroups_of
+
 _UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
 
 
@@ -37,11 +39,7 @@ def peer_credentials(sock: socket.socket) -> PeerCredentials:
 def cgroup_paths(pid: int, proc: Path = Path("/proc")) -> list[str]:
     """The cgroup path of ``pid`` in every hierarchy (the third field of /proc/PID/cgroup);
     empty if the process is gone."""
-    try:
-        text = (proc / str(pid) / "cgroup").read_text()
-    except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
-        return []
-    return [line.split(":", 2)[2] for line in text.splitlines() if line.count(":") >= 2]
+    return list(dict.fromkeys(cgroups_of(pid, proc).values()))
 
 
 def in_job_group(pid: int, group: str, job_id: str, proc: Path = Path("/proc")) -> bool:

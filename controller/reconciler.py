@@ -57,8 +57,12 @@ def reconcile(
     for job_id, want in wanted.items():
         if changes:
             faults.hit("reconcile.between_jobs")  # earlier jobs have their new limits, this one not yet
-        in_force = replace(applied.get(job_id, JobAllocation()), workers=want.workers)
-        for field, target, apply in _enforceable_fields(backend, node, job_id, want):
+        enforceable = _enforceable_fields(backend, node, job_id, want)
+        # A lever that does not act on the job (here, now) holds nothing in force, whatever it was set to.
+        acting = {field for field, _, _ in enforceable}
+        in_force = replace(applied.get(job_id, JobAllocation()), workers=want.workers,
+                           **{field: None for field in _LIMIT_FIELDS if field not in acting})
+        for field, target, apply in enforceable:
             old = getattr(in_force, field)
             if _same(field, old, target):
                 continue
@@ -73,6 +77,9 @@ def reconcile(
             in_force = replace(in_force, **{field: target})
         result_applied[job_id] = in_force
     return ReconcileResult(result_applied, changes, failures)
+
+
+_LIMIT_FIELDS = ("cores", "cpu_weight", "cpus", "read_bps")
 
 
 def _enforceable_fields(

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
+from controller.backends.placement import UNIFIED, cgroups_of
 from controller.policies.base import JobView
 
 log = logging.getLogger(__name__)
@@ -225,17 +226,10 @@ class WorkerMemory:
 
     def _memory_group(self, pid: int) -> Path | None:
         """The directory of the memory cgroup ``pid`` is in (v1 memory hierarchy, else v2)."""
-        try:
-            lines = (self.proc / str(pid) / "cgroup").read_text().splitlines()
-        except OSError:
-            return None
-        v2 = None
-        for line in lines:
-            _, controllers, path = line.split(":", 2)
-            if "memory" in controllers.split(","):
-                return self.cgroup_root / "memory" / path.lstrip("/")
-            if controllers == "":
-                v2 = path
+        paths = cgroups_of(pid, self.proc)
+        if "memory" in paths:
+            return self.cgroup_root / "memory" / paths["memory"].lstrip("/")
+        v2 = paths.get(UNIFIED)
         if v2 is not None:
             for mount in (self.cgroup_root / "unified", self.cgroup_root):
                 if (mount / "cgroup.controllers").exists():

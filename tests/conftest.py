@@ -100,3 +100,43 @@ def users() -> Iterator[tuple[pwd.struct_passwd, pwd.struct_passwd]]:
     finally:
         for name in created:
             subprocess.run(["userdel", name], check=False, capture_output=True)
+
+
+TIERS: dict[str, tuple[str, ...]] = {
+    "pure": (
+        "test_protocol", "test_cpuspec", "test_curves", "test_policies", "test_policies_properties", "test_bench_mix",
+        "test_registry", "test_registry_policy_inputs", "test_placement", "test_safety_net", "test_flapping",
+        "test_history", "test_peer", "test_throughput_model_features", "test_throughput_model_fit",
+    ),
+    "in_process": ("test_backend_v2", "test_layouts_v2", "test_metrics", "test_controller_in_process"),
+    "real_cgroups": (
+        "test_backends_v1", "test_loop", "test_reconciler", "test_cpu_weight", "test_layouts_v1", "test_backend_detect",
+        "test_state", "test_worker_memory", "test_backend_affinity",
+    ),
+    "end_to_end": (
+        "test_controller_e2e", "test_controller_lifecycle", "test_server", "test_launcher", "test_status", "test_authz",
+        "test_faults", "test_fuzz_socket", "test_load", "test_node_memory", "test_reporter", "test_torchrun",
+        "test_bench_e2e", "test_prometheus", "test_deploy", "test_dataloader", "test_dataloader_properties",
+        "test_dataloader_torch_parity", "test_socket_discovery", "test_slurm", "test_install", "test_packaging",
+        "test_cli", "test_throughput_model_cli", "test_restart_resumes_plan",
+    ),
+}
+"""Each test file's tier (README, "Tests"): ``pytest -m pure`` runs in seconds anywhere;
+``-m in_process`` builds controller objects in the test process on fixture trees;
+``-m real_cgroups`` writes the machine's cgroups (root); ``-m end_to_end`` runs real
+controller and job subprocesses. A file's heaviest test decides its tier."""
+_TIER_OF = {module: tier for tier, modules in TIERS.items() for module in modules}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        tier = _TIER_OF.get(item.path.stem)
+        if tier is not None and all(item.get_closest_marker(t) is None for t in TIERS):
+            item.add_marker(getattr(pytest.mark, tier))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    unplaced = sorted({item.path.stem for item in session.items
+                       if all(item.get_closest_marker(t) is None for t in TIERS)})
+    if unplaced:
+        raise pytest.UsageError(f"test files in no tier (add them to TIERS in tests/conftest.py): {unplaced}")

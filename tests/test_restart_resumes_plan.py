@@ -18,7 +18,7 @@ from controller.policies import NodeResources, make_policy
 from controller.policies.base import JobView
 from fixtures.managed import ControllerProcess, wait_until
 
-pytestmark = pytest.mark.real_cgroups
+pytestmark = [pytest.mark.real_cgroups, pytest.mark.end_to_end]
 
 PERIOD = 0.5
 RELEARN_PERIODS = 12

@@ -309,7 +309,7 @@ class CgroupV1Backend:
     # -- extras -------------------------------------------------------------------------------
     def job_of(self, pid: int) -> str | None:
         """The job whose group holds ``pid`` (from /proc/PID/cgroup's cpu line), or None."""
-        return job_from_proc_cgroup(self._proc, pid, self.group, lambda ctrls: "cpu" in ctrls.split(","))
+        return job_from_proc_cgroup(self._proc, pid, self.group, "cpu")
 
 
 @dataclass(frozen=True)

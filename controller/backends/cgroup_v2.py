@@ -258,7 +258,7 @@ class CgroupV2Backend:
 
         Paths there are relative to the cgroup2 mount, so this assumes ``root`` is the mount's root.
         """
-        return job_from_proc_cgroup(self._proc, pid, self.group, lambda ctrls: ctrls == "")
+        return job_from_proc_cgroup(self._proc, pid, self.group, UNIFIED)
 
 
 def _capabilities_of(controllers: tuple[str, ...]) -> frozenset[str]:

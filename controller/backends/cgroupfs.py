@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from controller.backends.base import BackendError
+from controller.backends.placement import cgroups_of
 
 log = logging.getLogger(__name__)
 
@@ -121,22 +122,15 @@ def read_pid_list(path: Path) -> set[int]:
         return set()
 
 
-def job_from_proc_cgroup(proc: Path, pid: int, group: str, hierarchy_matches: Callable[[str], bool]) -> str | None:
-    """The job id whose group holds ``pid``, read from /proc/PID/cgroup; None if it is in no job group.
-
-    ``hierarchy_matches`` picks the line of the hierarchy to look at (by its controller list field).
-    """
-    try:
-        lines = (proc / str(pid) / "cgroup").read_text().splitlines()
-    except (FileNotFoundError, ProcessLookupError):
+def job_from_proc_cgroup(proc: Path, pid: int, group: str, hierarchy: str) -> str | None:
+    """The job id whose group holds ``pid`` in ``hierarchy`` (a controller name, or
+    placement.UNIFIED for cgroup v2), read from /proc/PID/cgroup; None if it is in no job group."""
+    path = cgroups_of(pid, proc).get(hierarchy)
+    if path is None:
         return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if not hierarchy_matches(controllers):
-            continue
-        parts = path.strip("/").split("/")
-        if len(parts) >= 2 and parts[-2] == group:  # nested placement: <scheduler's cgroup>/<group>/<job>
-            return parts[-1]
+    parts = path.strip("/").split("/")
+    if len(parts) >= 2 and parts[-2] == group:  # nested placement: <scheduler's cgroup>/<group>/<job>
+        return parts[-1]
     return None
 
 
