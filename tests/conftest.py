@@ -117,7 +117,7 @@ TIERS: dict[str, tuple[str, ...]] = {
         "test_controller_e2e", "test_controller_lifecycle", "test_server", "test_launcher", "test_status", "test_authz",
         "test_faults", "test_fuzz_socket", "test_load", "test_node_memory", "test_reporter", "test_torchrun",
         "test_bench_e2e", "test_prometheus", "test_deploy", "test_dataloader", "test_dataloader_properties",
-        "test_dataloader_torch_parity", "test_socket_discovery", "test_slurm", "test_install", "test_packaging",
+        "test_dataloader_torch_parity", "test_dataloader_frameworks", "test_socket_discovery", "test_slurm", "test_install", "test_packaging",
         "test_cli", "test_throughput_model_cli", "test_restart_resumes_plan",
     ),
 }
