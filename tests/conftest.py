@@ -117,7 +117,7 @@ TIERS: dict[str, tuple[str, ...]] = {
         "test_controller_e2e", "test_controller_lifecycle", "test_server", "test_launcher", "test_status", "test_authz",
         "test_faults", "test_fuzz_socket", "test_load", "test_node_memory", "test_reporter", "test_torchrun",
         "test_bench_e2e", "test_prometheus", "test_deploy", "test_dataloader", "test_dataloader_properties",
-        "test_dataloader_torch_parity", "test_dataloader_frameworks", "test_socket_discovery", "test_slurm", "test_install", "test_packaging",
+        "test_dataloader_torch_parity", "test_dataloader_frameworks", "test_dataloader_state", "test_socket_discovery", "test_slurm", "test_install", "test_packaging",
         "test_cli", "test_throughput_model_cli", "test_restart_resumes_plan",
     ),
 }
@@ -128,15 +128,19 @@ controller and job subprocesses. A file's heaviest test decides its tier."""
 _TIER_OF = {module: tier for tier, modules in TIERS.items() for module in modules}
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark each test with its file's tier; a file not in TIERS counts as end to end (the
+    heaviest) and is named once in a warning, so that it gets placed."""
+    unplaced = set()
     for item in items:
+        if any(item.get_closest_marker(t) is not None for t in TIERS):
+            continue
         tier = _TIER_OF.get(item.path.stem)
-        if tier is not None and all(item.get_closest_marker(t) is None for t in TIERS):
-            item.add_marker(getattr(pytest.mark, tier))
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    unplaced = sorted({item.path.stem for item in session.items
-                       if all(item.get_closest_marker(t) is None for t in TIERS)})
+        if tier is None:
+            tier = "end_to_end"
+            unplaced.add(item.path.stem)
+        item.add_marker(getattr(pytest.mark, tier))
     if unplaced:
-        raise pytest.UsageError(f"test files in no tier (add them to TIERS in tests/conftest.py): {unplaced}")
+        config.issue_config_time_warning(pytest.PytestWarning(
+            f"test files in no tier, run as end_to_end (add them to TIERS in tests/conftest.py): {sorted(unplaced)}"
+        ), stacklevel=1)
