@@ -13,6 +13,7 @@ the samples reproducible. Used by bench/loader.py and the node benchmark.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -76,3 +77,23 @@ class JpegFolder(Dataset):
             pixels = np.array(image, dtype=np.uint8)
         tensor = torch.from_numpy(pixels).permute(2, 0, 1).float().div_(255.0)
         return (tensor - MEAN) / STD, index % self.classes
+
+
+class Phased(Dataset):
+    """``dataset`` whose loading cost multiplies by ``cost`` from wall time ``from_wall_s`` on
+    (each sample is loaded ``cost`` times): a job that changes phase mid-run."""
+
+    def __init__(self, dataset: Dataset, from_wall_s: float, cost: int) -> None:
+        self.dataset = dataset
+        self.from_wall_s = from_wall_s
+        self.cost = cost
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int):
+        item = self.dataset[index]
+        if time.time() >= self.from_wall_s:
+            for _ in range(self.cost - 1):
+                item = self.dataset[index]
+        return item

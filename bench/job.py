@@ -40,6 +40,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--io-bound", action="store_true", help="raw samples read with O_DIRECT")
     parser.add_argument("--timeline", type=Path, required=True, help="where to write the timeline JSON")
+    parser.add_argument("--phase-after-s", type=float, default=None,
+                        help="change phase this long after the start: each sample is loaded --phase-cost times")
+    parser.add_argument("--phase-cost", type=int, default=1)
+    parser.add_argument("--python-ms-per-batch", type=float, default=0.0,
+                        help="pure-Python work per batch in this process before the batch is ready")
     return parser.parse_args(argv)
 
 
@@ -59,6 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     started = time.time()
     dataset = build_dataset(args)
+    if args.phase_after_s is not None and args.phase_cost > 1:
+        from bench.datasets import Phased
+
+        dataset = Phased(dataset, from_wall_s=started + args.phase_after_s, cost=args.phase_cost)
     loader = DataLoader(
         dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.num_workers,
         drop_last=len(dataset) >= args.batch_size, persistent_workers=args.num_workers > 0,
@@ -78,6 +87,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 batch = next(iterator)
             except StopIteration:
                 break
+            python_work(args.python_ms_per_batch / 1000.0)
             got = time.monotonic()
             time.sleep(compute_s)  # the GPU step, emulated: the CPU is idle while a GPU computes
             overrun += max(0.0, time.monotonic() - got - compute_s)
@@ -108,6 +118,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     temporary.write_text(json.dumps(timeline, separators=(",", ":")))
     temporary.replace(args.timeline)
     return 0
+
+
+def python_work(seconds: float) -> None:
+    """Single-threaded pure-Python work (holds the GIL) for ``seconds`` of this process's CPU."""
+    if seconds <= 0:
+        return
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        sum(range(200))
 
 
 def _cpu_seconds() -> float:

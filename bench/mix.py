@@ -7,7 +7,12 @@ The file format (``adloader bench --mix FILE``)::
      "jobs": [{"name": str, "gpus": int, "batch_size": int,
                "compute_ms_per_batch": float, "image_px": int, "samples": int,
                "arrival_s": float, "num_workers": int, "io_bound": bool,
-               "model": str}]}                     (optional: see bench/model_jobs.py)
+               "model": str,                       (optional: see bench/model_jobs.py)
+               "phase_after_s": float, "phase_cost": int,   (optional: loading cost x phase_cost
+                                                    from phase_after_s after the job starts)
+               "python_ms_per_batch": float}]}     (optional: single-threaded Python work per
+                                                    batch in the training process, before the
+                                                    batch is ready: a loader bound by Python)
 
 ``num_workers`` is what the job would ask for unmanaged (the ``static`` policy
 keeps it). ``image_px`` is the JPEG side length, or for an ``io_bound`` job the
@@ -48,6 +53,12 @@ class JobSpec:
     model: str | None = None
     """A model of the throughput model's corpus (bench/model_jobs.py): the job sends its
     features at registration, as a job using ``adloader.describe_model`` would."""
+    phase_after_s: float | None = None
+    """The job changes phase this long after it starts: its loading cost multiplies by ``phase_cost``."""
+    phase_cost: int = 1
+    python_ms_per_batch: float = 0.0
+    """Pure-Python work per batch in the training process before the batch is ready (more
+    cores or workers do not help: the loader is bound by Python)."""
 
     @property
     def max_throughput(self) -> float:
@@ -72,7 +83,8 @@ class Mix:
         """The same mix with every job's samples and arrival scaled by ``factor`` (--quick)."""
         jobs = tuple(
             JobSpec(**{**asdict(j), "samples": max(j.batch_size, int(j.samples * factor)),
-                       "arrival_s": j.arrival_s * factor})
+                       "arrival_s": j.arrival_s * factor,
+                       "phase_after_s": None if j.phase_after_s is None else j.phase_after_s * factor})
             for j in self.jobs
         )
         return Mix(jobs=jobs, name=self.name, description=self.description, read_bps=self.read_bps)
@@ -88,11 +100,12 @@ class Mix:
 _JOB_TYPES: dict[str, tuple[type, ...]] = {
     "name": (str,), "gpus": (int,), "batch_size": (int,), "compute_ms_per_batch": (int, float),
     "image_px": (int,), "samples": (int,), "arrival_s": (int, float), "num_workers": (int,), "io_bound": (bool,),
-    "model": (str,),
+    "model": (str,), "phase_after_s": (int, float), "phase_cost": (int,), "python_ms_per_batch": (int, float),
 }
 _JOB_RANGES: dict[str, tuple[float, float]] = {
     "gpus": (0, 64), "batch_size": (1, 4096), "compute_ms_per_batch": (0.1, 60_000), "image_px": (16, 4096),
     "samples": (1, 10**9), "arrival_s": (0, 86_400), "num_workers": (0, 64),
+    "phase_after_s": (0, 86_400), "phase_cost": (1, 16), "python_ms_per_batch": (0, 60_000),
 }
 
 
@@ -143,9 +156,12 @@ def mix_from_dict(data: Any, where: str = "mix") -> Mix:
     )
 
 
+OPTIONAL = ("io_bound", "model", "phase_after_s", "phase_cost", "python_ms_per_batch")
+
+
 def _job_problems(raw: dict[str, Any]) -> list[str]:
     problems = []
-    required = {f.name for f in fields(JobSpec) if f.name not in ("io_bound", "model")}
+    required = {f.name for f in fields(JobSpec) if f.name not in OPTIONAL}
     missing = sorted(required - set(raw))
     if missing:
         problems.append(f"missing {missing}")

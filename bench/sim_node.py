@@ -5,8 +5,7 @@ capped where its loader is bound by Python rather than by cores), a max throughp
 optional reads from a shared disk, and phases (its loading cost multiplied from some
 point of its run). The kernel is modelled as weighted max-min fair shares of the cores
 (CFS between cgroups with cpu.shares/cpu.weight), each job using at most a core per
-worker plus its main process, and a quota delivering ``QUOTA_EFFICIENCY`` of its cores to
-a bursty loader. Every step the model measures each job as the registry would (over a
+worker plus its main process, and a quota costing a bursty loader what it cost here (``QUOTA_TABLE``). Every step the model measures each job as the registry would (over a
 sliding window, batches counted whole, CPU accounting with noise), feeds the real
 ``LoadingCurveEstimator``, builds ``JobView``s and asks the real policy, through the real
 loop hooks (``ChangeClock``, ``SafetyNet``) on the simulated clock.
@@ -26,9 +25,11 @@ from controller.policies.shares import contended_cores
 from controller.safety_net import SafetyNet
 from throughput_model.curves import LoadingCurveEstimator
 
-QUOTA_EFFICIENCY = 0.85
-"""Share of a CPU quota a bursty loader can use (measured here: a job using 0.69 cores on
-average ran at 377/444 samples/s under a 0.8-core quota, docs/policies.md)."""
+QUOTA_TABLE = ((0.0, 0.0), (0.58, 0.57), (0.87, 0.78), (1.16, 0.85), (1.45, 0.97), (2.9, 1.0))
+"""(quota / cores the job would use unthrottled, share of its unthrottled rate it gets),
+measured here for a 224 px JPEG job using 0.69 cores (docs/policies.md: quota 0.4, 0.6,
+0.8, 1.0, 2.0 cores gave 253, 346, 377, 431, 444 samples/s): a quota near a bursty
+loader's mean use costs it 15%, one far below it costs it little beyond the cores."""
 MAIN_PROCESS_CORES = 0.2
 """Cores a rank's main process can use beyond its workers (collate, the training loop)."""
 WINDOW_S = 5.0
@@ -110,6 +111,7 @@ class SimResult:
     jobs: dict[str, dict[str, float]]
     steps: list[StepRecord]
     events: list[float]
+    """Arrivals, departures and phase changes (simulated seconds)."""
     decision_s: list[float]
     reverts: int
 
@@ -154,8 +156,13 @@ def simulate(node: SimNode, jobs: Sequence[SimJob], policy: Policy, seed: int = 
     events: list[float] = []
     decision_s: list[float] = []
     counter = 0
+    phase_changes = sorted(job.arrival_s + start for job in jobs for start, _ in job.phases)
     while (pending or live) and now < horizon_s:
         step_events: set[str] = set()
+        phased = False
+        while phase_changes and phase_changes[0] <= now + 1e-9:
+            phase_changes.pop(0)
+            phased = True  # the load changed: settle is measured from here too (the controller is not told)
         while pending and pending[0].arrival_s <= now + 1e-9:
             spec = pending.pop(0)
             counter += 1
@@ -167,7 +174,7 @@ def simulate(node: SimNode, jobs: Sequence[SimJob], policy: Policy, seed: int = 
             finished.append(live.pop(job.job_id))
             applied.pop(job.job_id, None)
             step_events.add("departure")
-        if step_events:
+        if step_events or phased:
             events.append(now)
         if not live:
             now = pending[0].arrival_s if pending else now
@@ -222,9 +229,10 @@ def _advance(node: SimNode, live: dict[str, _Live], applied: dict[str, JobAlloca
         age = now - job.spec.arrival_s
         workers = a.workers if a.workers is not None else job.spec.requested_workers
         cap = workers + MAIN_PROCESS_CORES
-        if a.cores is not None:
-            cap = min(cap, a.cores * QUOTA_EFFICIENCY)
-        demands[job_id] = min(cap, job.spec.cores_for(job.spec.max_throughput, age))
+        need = min(cap, job.spec.cores_for(job.spec.max_throughput, age))
+        if a.cores is not None and need > 0:
+            need = need * quota_share(a.cores / need)
+        demands[job_id] = need
         weights[job_id] = float(a.cpu_weight or DEFAULT_WEIGHT)
     cores = contended_cores(float(node.cores), weights, demands)
     rates = {job_id: min(job.spec.max_throughput, job.spec.loading_rate(cores[job_id], now - job.spec.arrival_s))
@@ -255,6 +263,15 @@ def _advance(node: SimNode, live: dict[str, _Live], applied: dict[str, JobAlloca
         window_cpu = sum(c for _, c in job.window)
         if window_cpu > 0:
             job.estimator.observe(window_cpu / span, window_samples / span)
+
+
+def quota_share(ratio: float) -> float:
+    """QUOTA_TABLE interpolated: the share of its unthrottled rate a job gets under a quota of
+    ``ratio`` times the cores it would use."""
+    for (x0, y0), (x1, y1) in zip(QUOTA_TABLE, QUOTA_TABLE[1:]):
+        if ratio <= x1:
+            return y0 + (y1 - y0) * (ratio - x0) / (x1 - x0)
+    return 1.0
 
 
 def _poisson(rng: random.Random, mean: float) -> int:

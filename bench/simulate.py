@@ -1,0 +1,259 @@
+"""``python -m bench.simulate``: the policies at 8-GPU scale, simulated (bench/sim_node.py).
+
+Two parts, both pure CPU, faster than real time, every figure SIMULATED:
+
+1. Scale: 64- and 128-core nodes with 8 GPUs and 4, 8 or 16 jobs (16 jobs: two per
+   GPU), seeded random mixes. Each job's loading cost comes from the costs measured on
+   this machine (JPEG decode + augment, 0.6 to 3.4 ms of CPU per sample by image side,
+   raw O_DIRECT reads 0.45 ms), its M is drawn so that the node's cores are 0.6x to 1.6x
+   oversubscribed at full speed, users' num_workers are 2 to 16 per GPU; every mix has a
+   job whose loading cost doubles half-way (a phase change) and a Python-bound loader
+   (it never delivers more than 60% of its M, whatever its cores); half the jobs arrive
+   over the first two minutes. Reported per policy (static, even, adaptive, oracle):
+   GPU-weighted busy fraction, slowest settle after an arrival or departure, allocation
+   changes per job-minute, decision time per step, safety-net reverts.
+2. Check against reality: the shipped 2-core mix (bench/results/node.json) and the seeded
+   random mixes (bench/results/node_random.json) replayed in the model with their jobs'
+   measured costs; the simulated ratios adaptive/static and adaptive/even against the
+   measured ones, and by how much they differ.
+
+Model constants not measurable on two cores (parallel-efficiency loss per core at 64
+cores) are assumptions, named in sim_node.SimJob.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from bench.sim_node import SimJob, SimNode, SimResult, simulate
+from controller.policies import make_policy
+from controller.policies.oracle import OraclePolicy
+from controller.policies.shares import JobModel, with_plan_margin
+from throughput_model.curves import concave_lines
+
+POLICIES = ("static", "even", "adaptive", "oracle")
+RESULTS = Path(__file__).resolve().parent / "results"
+MEASURED_COST_S = {96: 0.00066, 224: 0.00164, 320: 0.00325, 448: 0.0062, 512: 0.0080}
+"""CPU seconds per sample of the JPEG pipeline by image side (bench/results/node.json's true
+curves for 96, 224 and 320 px; 448 and 512 px by the same per-pixel cost)."""
+RAW_READ_COST_S = 0.00045
+"""CPU seconds per sample of a raw O_DIRECT reader (node.json, speech-io-1g)."""
+DISK_BPS = 650e6
+"""What the disk gave to O_DIRECT readers here (600-1000 MB/s measured; 637 MB/s in mix 5)."""
+
+
+# ---------------------------------------------------------------------------------------- mixes
+
+def scale_mix(cores: int, n_jobs: int, seed: int, gpus: int = 8) -> list[SimJob]:
+    """A seeded random mix for a node of ``cores`` cores and ``gpus`` GPUs (see the module docstring)."""
+    rng = random.Random(seed * 1000 + cores + n_jobs)
+    per_job = [max(1, gpus // n_jobs)] * n_jobs
+    load = rng.uniform(0.6, 1.6) * cores
+    shares = [rng.expovariate(1.0) * g for g in per_job]
+    jobs = []
+    for i, (g, share) in enumerate(zip(per_job, shares)):
+        side = rng.choice(sorted(MEASURED_COST_S))
+        p = MEASURED_COST_S[side]
+        demand = load * share / sum(shares)
+        m = max(20.0 * g, demand / p)
+        duration = rng.uniform(180.0, 600.0)
+        jobs.append(SimJob(
+            name=f"s{cores}-{n_jobs}-{seed}-{i}", gpus=g, max_throughput=m, cpu_s_per_sample=p,
+            samples=m * duration, arrival_s=0.0 if i < n_jobs // 2 else rng.uniform(0.0, 120.0),
+            requested_workers=rng.choice([2, 4, 8, 16]) * g, batch_size=rng.choice([32, 64, 128]),
+            phases=((duration / 2, 2.0),) if i == 0 else (),
+            python_cap=0.6 * m if i == 1 else math.inf,
+        ))
+    return jobs
+
+
+def oracle_for(jobs: Sequence[SimJob]) -> OraclePolicy:
+    """The oracle on the jobs' true curves (their first phase: a static split cannot follow one)."""
+    curves = {}
+    for job in jobs:
+        points = [(c, job.loading_rate(c, 0.0)) for c in (0.5, 1, 2, 4, 8, 16, 32, 64, 128)]
+        curves[job.name] = with_plan_margin(JobModel(
+            max_throughput=job.max_throughput, lines=concave_lines(points), bytes_per_sample=job.bytes_per_sample))
+    return OraclePolicy(curves=curves)
+
+
+def policy_for(name: str, jobs: Sequence[SimJob]):
+    return oracle_for(jobs) if name == "oracle" else make_policy(name)
+
+
+# ---------------------------------------------------------------------------------------- scoring
+
+def settle_times(result: SimResult) -> list[float]:
+    """For each arrival or departure: seconds until the last change of any job's quota, weight
+    or workers before the next event (bench/report.py's rule, on the simulated steps)."""
+    steps = result.steps
+    times = []
+    for n, event in enumerate(result.events):
+        end = result.events[n + 1] if n + 1 < len(result.events) else math.inf
+        window = [s for s in steps if event <= s.t < end]
+        last = event
+        for before, after in zip(window, window[1:]):
+            common = set(before.allocations) & set(after.allocations)
+            if any(before.allocations[j] != after.allocations[j] for j in common):
+                last = after.t
+        times.append(last - event)
+    return times
+
+
+def changes_per_job_minute(result: SimResult) -> float:
+    changes = 0
+    job_seconds = 0.0
+    for before, after in zip(result.steps, result.steps[1:]):
+        common = set(before.allocations) & set(after.allocations)
+        job_seconds += (after.t - before.t) * len(common)
+        changes += sum(1 for j in common if before.allocations[j] != after.allocations[j]
+                       and any(v is not None for v in before.allocations[j]))
+    return 60.0 * changes / job_seconds if job_seconds else 0.0
+
+
+def score(result: SimResult) -> dict[str, Any]:
+    settle = settle_times(result)
+    return {
+        "gpu_busy": result.gpu_busy,
+        "settle_s_max": max(settle, default=0.0),
+        "settle_s_median": statistics.median(settle) if settle else 0.0,
+        "changes_per_job_minute": changes_per_job_minute(result),
+        "decision_ms_mean": 1000 * statistics.fmean(result.decision_s) if result.decision_s else 0.0,
+        "decision_ms_max": 1000 * max(result.decision_s, default=0.0),
+        "safety_net_reverts": result.reverts,
+        "mean_jct_s": statistics.fmean(j["jct_s"] for j in result.jobs.values()),
+    }
+
+
+def run_mix(node: SimNode, jobs: Sequence[SimJob], seed: int, policies: Sequence[str] = POLICIES) -> dict[str, Any]:
+    scores = {name: score(simulate(node, jobs, policy_for(name, jobs), seed=seed)) for name in policies}
+    ratios = {}
+    for base in ("static", "even", "oracle"):
+        if base in scores and "adaptive" in scores and scores[base]["gpu_busy"] > 0:
+            ratios[f"adaptive_vs_{base}"] = scores["adaptive"]["gpu_busy"] / scores[base]["gpu_busy"]
+    return {"policies": scores, "ratios": ratios}
+
+
+# ---------------------------------------------------------------------------------------- reality check
+
+def jobs_from_measured_mix(document: dict[str, Any]) -> tuple[list[SimJob], float | None, float]:
+    """The jobs of a measured 2-core benchmark run as simulated jobs, with their measured costs
+    (the oracle's true curves where the run has them, else the cost by image side)."""
+    curves = document.get("true_curves") or {}
+    jobs = []
+    for spec in document["mix"]["jobs"]:
+        m = spec["batch_size"] / (spec["compute_ms_per_batch"] / 1000.0)
+        true = curves.get(spec["name"])
+        if true:
+            p = true.get("cpu_s_per_sample") or 1.0 / true["loading_curve"][0][1]
+            b = true.get("bytes_per_sample", 0.0)
+        elif spec.get("io_bound"):
+            p, b = RAW_READ_COST_S, float(spec["image_px"] ** 2 * 3)
+        else:
+            side = min(MEASURED_COST_S, key=lambda s: abs(s - spec["image_px"]))
+            p, b = MEASURED_COST_S[side] * (spec["image_px"] / side) ** 2, 0.0
+        jobs.append(SimJob(name=spec["name"], gpus=spec["gpus"], max_throughput=m, cpu_s_per_sample=p,
+                           samples=float(spec["samples"]), arrival_s=float(spec["arrival_s"]),
+                           requested_workers=int(spec["num_workers"]), batch_size=int(spec["batch_size"]),
+                           bytes_per_sample=b, concavity=0.0))
+    node = document.get("node", {})
+    return jobs, node.get("read_bps"), float(node.get("period_s", 0.5))
+
+
+def reality_check(documents: Sequence[dict[str, Any]], seeds: int = 3) -> list[dict[str, Any]]:
+    """Per measured mix: measured and simulated GPU-busy ratios of adaptive to static and to even."""
+    rows = []
+    for document in documents:
+        measured = {p: v["gpu_busy"] for p, v in document["policies"].items()}
+        if not {"adaptive", "static", "even"} <= set(measured):
+            continue
+        jobs, read_bps, period = jobs_from_measured_mix(document)
+        node = SimNode(cores=2, disk_bps=DISK_BPS, read_bps=read_bps, period_s=period)
+        simulated: dict[str, list[float]] = {p: [] for p in ("static", "even", "adaptive")}
+        for seed in range(seeds):
+            for name in simulated:
+                simulated[name].append(simulate(node, jobs, make_policy(name), seed=seed).gpu_busy)
+        sim = {p: statistics.median(v) for p, v in simulated.items()}
+        row: dict[str, Any] = {"mix": document["mix"]["name"], "measured_gpu_busy": measured,
+                               "simulated_gpu_busy": sim}
+        for base in ("static", "even"):
+            real = measured["adaptive"] / measured[base]
+            model = sim["adaptive"] / sim[base]
+            row[f"adaptive_vs_{base}"] = {"measured": real, "simulated": model, "difference_pct": 100 * (model / real - 1)}
+        rows.append(row)
+    return rows
+
+
+# ---------------------------------------------------------------------------------------- main
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.simulate", description=__doc__.split("\n")[0])
+    parser.add_argument("--cores", type=int, nargs="+", default=[64, 128])
+    parser.add_argument("--jobs", type=int, nargs="+", default=[4, 8, 16])
+    parser.add_argument("--mixes", type=int, default=3, help="seeded mixes per node size and job count")
+    parser.add_argument("--period", type=float, default=1.0, help="control period, s (the controller's default)")
+    parser.add_argument("--quick", action="store_true", help="one mix per size, 64 cores and 4 jobs only")
+    parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.cores, args.jobs, args.mixes = [64], [4], 1
+    started = time.perf_counter()
+    scale = []
+    print("SIMULATED (bench/sim_node.py): GPU-weighted busy, medians over mixes")
+    print(f"{'node':>10} {'jobs':>4} {'static':>7} {'even':>7} {'adapt':>7} {'oracle':>7} {'a/static':>8} "
+          f"{'a/even':>7} {'a/oracle':>8} {'settle':>7} {'chg/j-min':>9} {'ms/step':>8}")
+    for cores in args.cores:
+        for n in args.jobs:
+            node = SimNode(cores=cores, disk_bps=DISK_BPS, period_s=args.period)
+            mixes = [run_mix(node, scale_mix(cores, n, seed), seed) for seed in range(1, args.mixes + 1)]
+            summary = {p: statistics.median(m["policies"][p]["gpu_busy"] for m in mixes) for p in POLICIES}
+            ratios = {k: [m["ratios"][k] for m in mixes] for k in mixes[0]["ratios"]}
+            settle = max(m["policies"]["adaptive"]["settle_s_max"] for m in mixes)
+            changes = statistics.median(m["policies"]["adaptive"]["changes_per_job_minute"] for m in mixes)
+            decision = statistics.fmean(m["policies"]["adaptive"]["decision_ms_mean"] for m in mixes)
+            scale.append({"cores": cores, "gpus": 8, "jobs": n, "mixes": mixes, "gpu_busy_median": summary,
+                          "adaptive_ratio_min": {k: min(v) for k, v in ratios.items()},
+                          "adaptive_ratio_median": {k: statistics.median(v) for k, v in ratios.items()},
+                          "adaptive_settle_s_max": settle, "adaptive_changes_per_job_minute_median": changes,
+                          "adaptive_decision_ms_mean": decision})
+            med = scale[-1]["adaptive_ratio_median"]
+            print(f"{cores:>5}c/8g {n:>4} {summary['static']:>7.3f} {summary['even']:>7.3f} {summary['adaptive']:>7.3f} "
+                  f"{summary['oracle']:>7.3f} {med['adaptive_vs_static']:>7.3f}x {med['adaptive_vs_even']:>6.3f}x "
+                  f"{med['adaptive_vs_oracle']:>7.3f}x {settle:>6.1f}s {changes:>9.2f} {decision:>8.2f}")
+    measured = [json.loads((RESULTS / "node.json").read_text())]
+    random_doc = RESULTS / "node_random.json"
+    if random_doc.exists():
+        measured += json.loads(random_doc.read_text())["mixes"]
+    check = reality_check(measured, seeds=1 if args.quick else 3)
+    print("\nCheck against the measured 2-core runs (GPU-emulated there, simulated here): adaptive/static, adaptive/even")
+    for row in check:
+        s, e = row["adaptive_vs_static"], row["adaptive_vs_even"]
+        print(f"  {row['mix']:<14} measured {s['measured']:.3f}x {e['measured']:.3f}x   simulated {s['simulated']:.3f}x "
+              f"{e['simulated']:.3f}x   difference {s['difference_pct']:+.1f}% {e['difference_pct']:+.1f}%")
+    differences = [abs(row[k]["difference_pct"]) for row in check for k in ("adaptive_vs_static", "adaptive_vs_even")]
+    if differences:
+        print(f"  |difference|: median {statistics.median(differences):.1f}%, largest {max(differences):.1f}%")
+    document = {
+        "benchmark": "adloader policies at 8-GPU scale, SIMULATED (bench/sim_node.py drives the real policies)",
+        "machine": {"platform": platform.platform(), "python": platform.python_version()},
+        "period_s": args.period, "scale": scale, "reality_check": check,
+        "reality_check_abs_difference_pct": {"median": statistics.median(differences) if differences else None,
+                                             "max": max(differences, default=None)},
+        "wall_s": time.perf_counter() - started,
+    }
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(document, indent=1) + "\n")
+        print(f"results: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
