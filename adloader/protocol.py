@@ -158,6 +158,11 @@ class JobSnapshot:
     failed_to_apply: dict[str, str] = field(default_factory=dict)
     """Allocation fields the kernel refused at the last control step, with the error; they
     keep their applied value above and are retried every period."""
+    scheduler: str = "none"
+    """Who made the cgroups the job was started in: "slurm", "kubernetes", "systemd" or "none"."""
+    cgroups: dict[str, str] = field(default_factory=dict)
+    """The job's group in each hierarchy adloader manages ("cpu", "cpuset", ... on v1,
+    "unified" on v2), nested below the scheduler's cgroups."""
     workers_target: int | None = None
     workers_running: int = 0
     """Sum over ranks of the workers each loader says it runs."""

@@ -122,9 +122,21 @@ def render_table(snapshot: NodeSnapshot, now: float) -> str:
         lines.append("~ cores: what the job's CPU weight gives it when every job wants CPU (it may use more "
                      "while others idle)")
     for job in snapshot.jobs:
+        if job.cgroups:
+            lines.append(f"@ {job.name} ({job.job_id}) scheduler {job.scheduler}: {cgroups_text(job.cgroups)}")
+    for job in snapshot.jobs:
         for field, error in sorted(job.failed_to_apply.items()):
             lines.append(f"! {job.name} ({job.job_id}): {field} not applied, retrying each period: {error}")
     return "\n".join(lines)
+
+
+def cgroups_text(paths: dict[str, str]) -> str:
+    """``cpu,blkio=/adloader/j1 cpuacct,cpuset=/slurm_n/uid_0/job_5/step_0/adloader/j1``: the job's
+    group in each hierarchy, hierarchies with the same path named together."""
+    by_path: dict[str, list[str]] = {}
+    for hierarchy, path in sorted(paths.items()):
+        by_path.setdefault(path, []).append(hierarchy)
+    return " ".join(f"{','.join(names)}={path}" for path, names in by_path.items())
 
 
 def effective_cores(node: NodeSnapshot) -> dict[str, float]:

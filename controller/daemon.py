@@ -36,7 +36,7 @@ from controller.policies import JobAllocation, NodeResources, PolicyError, make_
 from controller.priors import JobFinishedHook, Predictor, Recall
 from controller.registry import Job, Registry
 from controller.server import Connection, ControlServer, RequestRefused
-from controller.snapshot import NodeSnapshot
+from controller.snapshot import JobSnapshot, NodeSnapshot
 from controller.state import STATE_VERSION, ControllerState, PersistedJob, StateStore, StateWriteError
 
 log = logging.getLogger(__name__)
@@ -409,7 +409,8 @@ class Controller:
 
     def snapshot(self) -> NodeSnapshot:
         jobs = tuple(
-            self.registry.snapshot(job, pids=self._pids(job.job_id), allocation=self.loop.allocations.get(job.job_id))
+            self._placed(self.registry.snapshot(job, pids=self._pids(job.job_id),
+                                                allocation=self.loop.allocations.get(job.job_id)))
             for job in self.registry
         )
         return NodeSnapshot(
@@ -421,6 +422,11 @@ class Controller:
             state_write_failures_total=self.state_write_failures, state_corruptions_total=self.state_corruptions,
             backend_failures_total=self.backend_failures + self.loop.backend_failures,
         )
+
+    def _placed(self, job: JobSnapshot) -> JobSnapshot:
+        """The snapshot with where the backend placed the job (nested placement)."""
+        placement = self.backend.placement(job.job_id)
+        return replace(job, scheduler=placement.scheduler, cgroups=dict(placement.paths))
 
     def _pids(self, job_id: str) -> set[int]:
         try:

@@ -92,8 +92,10 @@ def _enforceable_fields(
     fields: list[tuple[str, Any, Callable[[Any], None]]] = []
     if "cpu_quota" in levers:
         fields.append(("cores", want.cores, lambda cores: backend.set_cpu_quota(job_id, cores)))
-    if "cpu_weight" in levers:
-        fields.append(("cpu_weight", want.cpu_weight, lambda weight: backend.set_cpu_weight(job_id, weight)))
+    if "cpu_weight" in backend.capabilities:
+        # A weight that stopped acting (a job arrived under another parent) is lifted, not left stale.
+        weight = want.cpu_weight if "cpu_weight" in levers else None
+        fields.append(("cpu_weight", weight, lambda weight: backend.set_cpu_weight(job_id, weight)))
     if "cpuset" in levers:
         fields.append(("cpus", _cpus_within(node, want, placement.allowed_cpus),
                        lambda cpus: backend.set_cpuset(job_id, cpus)))

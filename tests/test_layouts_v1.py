@@ -152,6 +152,10 @@ def test_a_job_stays_in_its_schedulers_cgroups_and_its_cpuset_and_its_group_goes
     wait_until(lambda: cpuset.read_text().strip() == "1", 10, "the job's cpuset: the managed CPUs within the scheduler's")
     snapshot = controller.job(job_id)
     assert snapshot is not None and snapshot.cgroup == str(CGROUP_ROOT / "cpu" / nested.lstrip("/"))
+    assert (snapshot.scheduler, snapshot.cgroups) == (scheduler, {h: nested for h in MANAGED})
+    table = subprocess.run([sys.executable, "-m", "adloader", "status", "--socket", str(controller.socket)],
+                           capture_output=True, text=True, timeout=30, cwd=REPO, env=controller.environ)
+    assert f"@ {layout} ({job_id}) scheduler {scheduler}: blkio,cpu,cpuacct,cpuset={nested}" in table.stdout
 
     pids = [p.pid for p in processes]
     layouts.kill(path)

@@ -139,6 +139,18 @@ def test_every_process_stays_in_slurms_cgroups_in_every_hierarchy_slurm_uses(sce
                 assert paths[hierarchy] == expected, (process.cmdline(), hierarchy)
 
 
+def test_status_shows_the_scheduler_and_each_hierarchys_path(scenario: Scenario) -> None:
+    for job in scenario.jobs:
+        snapshot = scenario.controller.job(job.job_id)
+        assert snapshot is not None and snapshot.scheduler == "slurm"
+        slurm = job.slurm_cgroups()
+        group = scenario.controller.group
+        assert snapshot.cgroups == {
+            "cpu": f"/{group}/{job.job_id}", "blkio": f"/{group}/{job.job_id}",  # not Slurm's hierarchies
+            "cpuset": _nested(slurm["cpuset"], group, job.job_id), "cpuacct": _nested(slurm["cpuacct"], group, job.job_id),
+        }
+
+
 def test_each_jobs_cpus_stay_inside_slurms_allocation(scenario: Scenario) -> None:
     allocations = []
     for job in scenario.jobs:

@@ -141,7 +141,7 @@ class CgroupV1Backend:
                             node.controller.cfs_period_us = CFS_PERIOD_US
             self._jobs[job_id] = nodes
             self._found.pop(job_id, None)
-            paths = list(current.values()) + [n.path.decode() for n in nodes.values()]
+            paths = list(current.values()) + [relative(Path(n.full_path.decode()), self.root / h) for h, n in nodes.items()]
             self._schedulers[job_id] = detect_scheduler(paths)
             tracking = current.get(TRACKING_HIERARCHY, "/")
             if tracking.strip("/") and TRACKING_HIERARCHY not in self._hierarchies:
@@ -163,7 +163,7 @@ class CgroupV1Backend:
                 allowed = None
         return Placement(
             scheduler=self._schedulers.get(job_id, "none"),
-            paths={h: n.path.decode() for h, n in nodes.items()},
+            paths={h: relative(Path(n.full_path.decode()), self.root / h) for h, n in nodes.items()},
             capabilities=frozenset(capabilities),
             allowed_cpus=allowed,
         )
