@@ -206,6 +206,7 @@ def test_two_busy_jobs_under_different_parents_get_the_cpu_the_plan_gives_them(
     time.sleep(3.0)
     after, elapsed = _usage(cpuacct), time.monotonic() - start
     got = [(a - b) / 1e9 / elapsed for a, b in zip(after, before)]
+    print(f"{policy}: planned cores {cores}, used {[round(g, 3) for g in got]} core-s/s over {elapsed:.1f} s")
     assert all(abs(g - c) <= 0.2 for g, c in zip(got, cores)), (got, cores)
 
 
