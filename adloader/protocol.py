@@ -166,6 +166,8 @@ class JobSnapshot:
     workers_target: int | None = None
     workers_running: int = 0
     """Sum over ranks of the workers each loader says it runs."""
+    workers_memory_limit: int | None = None
+    """Most workers, all ranks, that fit in the job's memory (controller/worker_memory.py); None: not measured."""
     achieved_sps: float | None = None
     """Samples/s over the last window, all ranks."""
     max_sps_predicted: float | None = None

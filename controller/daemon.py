@@ -424,9 +424,12 @@ class Controller:
         )
 
     def _placed(self, job: JobSnapshot) -> JobSnapshot:
-        """The snapshot with where the backend placed the job (nested placement)."""
+        """The snapshot with where the backend placed the job (nested placement) and the workers
+        its memory holds."""
         placement = self.backend.placement(job.job_id)
-        return replace(job, scheduler=placement.scheduler, cgroups=dict(placement.paths))
+        memory = self.loop.worker_memory
+        return replace(job, scheduler=placement.scheduler, cgroups=dict(placement.paths),
+                       workers_memory_limit=memory.workers_limit(job.job_id) if memory is not None else None)
 
     def _pids(self, job_id: str) -> set[int]:
         try:

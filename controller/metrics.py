@@ -83,6 +83,9 @@ JOB_METRICS: tuple[JobMetric, ...] = (
               lambda j: j.workers_target),
     JobMetric("adloader_job_workers_running", "gauge", "DataLoader workers the job's loaders say they run.",
               lambda j: j.workers_running),
+    JobMetric("adloader_job_workers_memory_limit", "gauge",
+              "Most DataLoader workers, all ranks, that fit in the job's memory limits and the node's reserve; "
+              "absent until a worker is measured.", lambda j: j.workers_memory_limit),
     JobMetric("adloader_job_read_bandwidth_limit_bytes_per_second", "gauge",
               "Read bandwidth limit on the node's data device; absent when unthrottled.", lambda j: j.read_bps),
     JobMetric("adloader_job_unapplied_limits", "gauge",

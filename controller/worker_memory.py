@@ -92,6 +92,7 @@ class MemoryVerdict:
     cost: WorkerCost
     room: Room
     max_workers_per_rank: int
+    max_workers_total: int
 
 
 class WorkerMemory:
@@ -136,6 +137,11 @@ class WorkerMemory:
             result.append(dataclasses.replace(view, max_workers=cached[1].max_workers_per_rank))
         return result
 
+    def workers_limit(self, job_id: str) -> int | None:
+        """Most workers, all ranks, the job's memory holds at its last measurement (None: not measured)."""
+        cached = self._verdicts.get(job_id)
+        return None if cached is None else cached[1].max_workers_total
+
     def verdict(self, view: JobView, pids: set[int]) -> MemoryVerdict | None:
         """The job's worker cost, room and the workers per rank that fit; None before it runs a
         worker (or when its processes are gone). A worker is costed at the most one of the
@@ -154,7 +160,8 @@ class WorkerMemory:
         if growing:  # its workers are still filling up: none added until their cost holds still
             extra = min(extra, 0)
         total = cost.workers + extra
-        return MemoryVerdict(cost=cost, room=room, max_workers_per_rank=max(0, total // max(1, view.ranks)))
+        return MemoryVerdict(cost=cost, room=room, max_workers_per_rank=max(0, total // max(1, view.ranks)),
+                             max_workers_total=max(0, total))
 
     def worker_cost(self, pids: set[int]) -> WorkerCost | None:
         """Mean USS of the job's loader workers and their share of its shared memory."""

@@ -178,6 +178,9 @@ def test_a_job_whose_workers_would_exceed_its_limit_gets_fewer_and_is_never_oom_
     snapshot = controller.registered(job, timeout=60)
     wait_until(lambda: "memory fits" in controller.log(), 90, "the controller to measure the job's workers")
     time.sleep(8)  # a few control periods with the cap in force
+    seen = controller.job(snapshot.job_id)
+    assert seen is not None and seen.workers_memory_limit == 2  # status and /metrics show the cap
+    assert seen.workers_target is not None and seen.workers_target <= 2
     (tmp_path / "stop").write_text("")
     assert job.wait(timeout=120) == 0, job.output()
     log = controller.log()
