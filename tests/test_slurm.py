@@ -85,10 +85,10 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
     if isinstance(cluster, str):
         pytest.skip(f"no Slurm cluster here: {cluster}")
     cleanup = Cleanup()
+    jobs: list[SlurmJob] = []
     try:
         controller = cleanup.new_controller(("--policy", "even", "--cpus", "0"), PERIOD, base_environment())
         controller.start()
-        jobs = []
         for index in range(2):
             out = tmp_path_factory.mktemp(f"slurm-job-{index}")
             os.chmod(out, 0o755)
@@ -108,6 +108,25 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scenario]:
     finally:
         cluster.stop()
         cleanup.run()
+        _remove_left_behind(cleanup, jobs_of_this_run=[job.slurm_id for job in jobs])
+
+
+def _remove_left_behind(cleanup: Cleanup, jobs_of_this_run: list[int]) -> None:
+    """After a failed run (a controller killed before it removed its groups): our nested groups
+    and the Slurm job cgroups they kept Slurm from removing. Everything in them is dead by now."""
+    groups = {controller.group for controller in cleanup.controllers}
+    for hierarchy in MANAGED:
+        mount = CGROUP_ROOT / hierarchy
+        for slurm_id in jobs_of_this_run:
+            for job_dir in mount.glob(f"slurm*/uid_*/job_{slurm_id}"):
+                inner = sorted((d for d in job_dir.rglob("*") if d.is_dir()), key=lambda d: -len(d.parts))
+                for directory in [*inner, job_dir]:
+                    if directory.name in groups or any(p in groups for p in directory.parts) or \
+                            directory.name.startswith(("job_", "step_", "task_")):
+                        try:
+                            directory.rmdir()
+                        except OSError:
+                            pass
 
 
 def _registered(controller: ControllerProcess, job: SlurmJob) -> tuple[str, int] | None:
