@@ -10,6 +10,7 @@ took it, so the refusal names the holder.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -21,6 +22,10 @@ from urllib.parse import quote
 from adloader.errors import AdloaderError
 
 log = logging.getLogger(__name__)
+
+
+UNWRITABLE = (errno.EROFS, errno.ENOSPC, errno.EDQUOT)
+"""A full or read-only file system: the controller runs on (as with its state file) and says so."""
 
 
 class OwnershipError(AdloaderError):
@@ -56,7 +61,16 @@ class ExclusiveLock:
         """Take the lock and record ``holder``; OwnershipError naming the current holder if taken."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            # Held read-only: an open writable file would keep the state directory's file system
+            # from being remounted read-only (a fault the controller must survive).
+            try:
+                fd = os.open(self.path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            except OSError as exc:
+                if exc.errno not in UNWRITABLE:
+                    raise
+                # Nothing can be written there, state included: no second owner can do harm.
+                log.warning("cannot create %s (%s): %s is not locked", self.path, exc.strerror, self.what)
+                return
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -75,9 +89,14 @@ class ExclusiveLock:
             if same_file:
                 break
             os.close(fd)  # the holder removed it while releasing: lock the new file
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(holder.__dict__) + "\n").encode(), 0)
         self._fd = fd
+        try:
+            with open(self.path, "w", encoding="utf-8") as record:  # written once, closed at once
+                record.write(json.dumps(holder.__dict__) + "\n")
+        except OSError as exc:
+            if exc.errno not in UNWRITABLE:
+                raise
+            log.warning("holding %s without naming this controller in it: %s", self.path, exc.strerror)
 
     def release(self) -> None:
         """Remove the lock file and drop the lock (in that order, so no one locks a removed file)."""
