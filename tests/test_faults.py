@@ -1,11 +1,11 @@
 """The controller under faults, end to end: real controller processes killed with SIGKILL
 at named fault points and at random moments of a busy run, real cgroups, real jobs
-(bench/reliability_job.py under ``adloader run``) that must train on throughout.
+(reliability/job.py under ``adloader run``) that must train on throughout.
 
-After every restart the node must become consistent (bench/reliability_node.py lists the
+After every restart the node must become consistent (reliability/node.py lists the
 invariants: every live job adopted with the policy's limits back in the kernel, no
 orphaned group, no process lost out of its group, the other owner's cgroup untouched)
-and every job must keep training. The benchmark (bench/reliability.py) runs the same
+and every job must keep training. The benchmark (reliability/bench.py) runs the same
 scenarios longer and counts them.
 """
 from __future__ import annotations
@@ -15,11 +15,11 @@ from typing import Callable, Iterator
 
 import pytest
 
-from bench.reliability_faults import (
+from reliability.faults import (
     FAULT_POINTS, controller_away, crash_at_fault_point, crash_during_churn, dying_jobs,
 )
-from bench.reliability_node import Node
-from bench.reliability_state import (
+from reliability.node import Node
+from reliability.state import (
     run_on_unwritable_state_dir, saved_state, small_tmpfs, start_on_state, state_variants,
 )
 from fixtures.managed import ControllerProcess

@@ -4,7 +4,7 @@ documents and bytes, invalid UTF-8, NUL bytes, NaN, huge numbers, deep nesting, 
 and far over the bound, half lines, abandoned connections). Every line must get the Error
 the protocol gives it, in order, or a clean close; the controller must count exactly
 those errors, change nothing, keep its memory bounded, and keep answering a reporting
-job and a status poller throughout. bench/reliability_fuzz.py holds the generators and
+job and a status poller throughout. reliability/fuzz.py holds the generators and
 the oracle."""
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Callable, Iterator
 
 import pytest
 
-from bench.reliability_fuzz import FuzzDriver, expected, run_fuzz, templates
-from bench.reliability_node import Node
+from reliability.fuzz import FuzzDriver, expected, run_fuzz, templates
+from reliability.node import Node
 from fixtures.managed import ControllerProcess
 
 RSS_GROWTH_BOUND = 32 * 1024 * 1024

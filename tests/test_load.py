@@ -2,7 +2,7 @@
 jobs' cgroups, 1,000 connect/disconnect cycles and 16 slow clients holding half-written
 lines, all at once. Nobody may be kept waiting or refused, and the controller's file
 descriptors must return to their baseline. No latency is asserted here: the benchmark
-(``python -m bench.reliability``) runs 256 clients for a minute and 10,000 cycles and
+(``python -m reliability.bench``) runs 256 clients for a minute and 10,000 cycles and
 reports p50/p99 latency, memory and CPU."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Callable, Iterator
 
 import pytest
 
-from bench.reliability_load import run_load
-from bench.reliability_node import Node
+from reliability.load import run_load
+from reliability.node import Node
 from fixtures.managed import ControllerProcess
 
 

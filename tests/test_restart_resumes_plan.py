@@ -3,7 +3,7 @@ control step brings back the same allocation (CPU weights, workers, throttles) f
 state file's wanted/applied record and learnt models, with no even-share interlude.
 
 Real controller processes, real cgroups (v1 cpu.shares), real jobs that keep reporting
-through the outage (bench/reliability_job.py under ``adloader run``)."""
+through the outage (reliability/job.py under ``adloader run``)."""
 from __future__ import annotations
 
 import re
@@ -24,7 +24,7 @@ PERIOD = 0.5
 RELEARN_PERIODS = 12
 """Periods a job needs after reconnecting before its own windows make a loading curve
 (warm-up plus MIN_OBSERVATIONS), with slack."""
-JOB = (sys.executable, "-m", "bench.reliability_job", "--seconds", "300", "--report-every", "0.2")
+JOB = (sys.executable, "-m", "reliability.job", "--seconds", "300", "--report-every", "0.2")
 
 
 def _plan(status: NodeSnapshot) -> dict[str, tuple[int | None, int | None, int | None]]:

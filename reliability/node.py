@@ -2,7 +2,7 @@
 a cgroup of another owner beside ours, and the invariants that must hold after any fault.
 
 Shared by the reliability tests (tests/test_faults.py, test_load.py) and the benchmark
-(bench/reliability.py): the tests assert that :meth:`Node.violations` is empty, the
+(reliability/bench.py): the tests assert that :meth:`Node.violations` is empty, the
 benchmark counts faults and measures how long the node took to become consistent.
 
 The invariants (``docs/reliability.md`` explains why each one matters):
@@ -40,7 +40,7 @@ from controller.snapshot import NodeSnapshot
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 HIERARCHIES = ("cpu", "cpuacct", "cpuset", "blkio")
-JOB_MODULE = "bench.reliability_job"
+JOB_MODULE = "reliability.job"
 MIN_CORES = 0.1
 """NodeResources.min_cores_per_job: the even policy's floor."""
 T = TypeVar("T")
@@ -204,7 +204,7 @@ class Node:
 
     def canary_gap(self) -> float:
         """The canary's longest step so far (seconds)."""
-        from bench.reliability_job import parse_progress
+        from reliability.job import parse_progress
 
         self._canary_out.seek(0)
         progress = parse_progress(self._canary_out.read().decode())
@@ -213,7 +213,7 @@ class Node:
     # -- jobs ---------------------------------------------------------------------------------
     def start_job(self, name: str = "train", seconds: float = 600.0, report_every: float = 0.25,
                   loader_workers: int | None = None) -> TrackedJob:
-        """Start bench/reliability_job.py under ``adloader run`` (with adloader.DataLoader when
+        """Start reliability/job.py under ``adloader run`` (with adloader.DataLoader when
         ``loader_workers`` is given)."""
         loader = ("--dataloader", str(loader_workers)) if loader_workers is not None else ()
         handle = self.controller.run(sys.executable, "-m", JOB_MODULE, "--seconds", str(seconds),
@@ -378,7 +378,7 @@ class Node:
         status, or a step took longer than ``max_gap_s`` and than three times the canary's
         longest (a job in a cgroup shares its group's CPU weight with its siblings, so on a
         loaded machine its steps stretch further than the canary's without stopping)."""
-        from bench.reliability_job import parse_progress
+        from reliability.job import parse_progress
 
         allowed = max(max_gap_s, 3 * self.canary_gap())
         found = []

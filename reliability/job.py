@@ -1,7 +1,7 @@
 """An emulated training job for the reliability tests and benchmark: it must keep training
 whatever happens to the controller.
 
-Run it under ``adloader run`` (``python -m bench.reliability_job``). The training loop
+Run it under ``adloader run`` (``python -m reliability.job``). The training loop
 gets a step's data and then "computes" by sleeping (GPU-emulated).
 
 Two ways to get the data:

@@ -1,7 +1,7 @@
 """Load on the controller's socket: many reporting clients, connection churn, slow clients.
 
 Two halves:
-  * ``python -m bench.reliability_load --connections C --seconds S`` is a job's command
+  * ``python -m reliability.load --connections C --seconds S`` is a job's command
     (run it under ``adloader run``): C asyncio connections from inside the job's cgroup,
     each a rank reporting about once per ``--interval`` seconds, each reply timed. It
     prints one JSON line of :class:`ClientFigures` when done;
@@ -36,7 +36,7 @@ import psutil
 
 from adloader import env, paths, protocol
 from adloader.errors import ProtocolError
-from bench.reliability_node import Node, poll
+from reliability.node import Node, poll
 
 SLOW_PREFIX = b'{"v":1,"type":"sta'
 """What a slow client writes, and then holds: half of a status request."""
@@ -279,7 +279,7 @@ def run_load(node: Node, jobs: int, connections: int, seconds: float, cycles: in
 
 def _start_echo(path: str, environ: dict[str, str]) -> subprocess.Popen:
     os.chmod(os.path.dirname(path), 0o755)
-    server = subprocess.Popen([sys.executable, "-m", "bench.reliability_load", "--echo", path],
+    server = subprocess.Popen([sys.executable, "-m", "reliability.load", "--echo", path],
                               cwd=Path(__file__).resolve().parents[1], env=environ)
     poll(lambda: os.path.exists(path) or server.poll() is not None, 30)
     return server
@@ -297,7 +297,7 @@ def _run_load(node: Node, jobs: int, connections: int, seconds: float, cycles: i
     slow = [_slow_client(controller.socket) for _ in range(slow_clients)]
     started = time.monotonic()
     echo = ("--echo-socket", echo_path) if echo_path else ()
-    load_jobs = [node.controller.run(sys.executable, "-m", "bench.reliability_load", "--connections",
+    load_jobs = [node.controller.run(sys.executable, "-m", "reliability.load", "--connections",
                                      str(connections), "--seconds", str(seconds), "--interval", str(interval), *echo,
                                      name=f"load-{i}") for i in range(jobs)]
     poll(lambda: controller.status().connected_clients >= jobs * (connections + 1) + slow_clients, 60, interval=0.2)

@@ -1,4 +1,4 @@
-"""``python -m bench.reliability [--quick] [--json FILE]``: faults, bad input and load
+"""``python -m reliability.bench [--quick] [--json FILE]``: faults, bad input and load
 against real controllers, counted.
 
 Runs, each on a fresh controller (``--policy even``, real cgroup v1 groups, real jobs
@@ -36,13 +36,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from bench.reliability_faults import (
-    FAULT_POINTS, controller_away, crash_at_fault_point, crash_during_churn, dying_jobs,
+from reliability.faults import (
+    FAULT_POINTS, controller_away, crash_at_fault_point, crash_during_churn, dying_jobs, kill_and_resume,
 )
-from bench.reliability_fuzz import run_fuzz
-from bench.reliability_load import raise_fd_limit, run_load, second_round_rss
-from bench.reliability_node import Node
-from bench.reliability_state import (
+from reliability.fuzz import run_fuzz
+from reliability.load import raise_fd_limit, run_load, second_round_rss
+from reliability.node import JOB_MODULE, Node, poll
+from reliability.state import (
     run_on_unwritable_state_dir, saved_state, small_tmpfs, start_on_state, state_variants,
 )
 from adloader.cpuspec import parse_cpus
@@ -54,6 +54,8 @@ MAX_STEP_GAP_S = 5.0
 
 @dataclass(frozen=True)
 class Scale:
+    plan_restarts: int
+    """kill -9 of a controller planning adaptively for two contending jobs, then a restart."""
     fault_point_rounds: int
     random_kills: int
     dying_rounds: int
@@ -69,10 +71,10 @@ class Scale:
     slow_clients: int
 
 
-FULL = Scale(fault_point_rounds=3, random_kills=30, dying_rounds=3, truncation_stride=1, fuzz_mutations=50_000,
+FULL = Scale(plan_restarts=10, fault_point_rounds=3, random_kills=30, dying_rounds=3, truncation_stride=1, fuzz_mutations=50_000,
              fuzz_examples=300, fuzz_sessions=400, load_jobs=8, load_connections=32, load_seconds=60.0,
              cycles=10_000, slow_clients=64)
-QUICK = Scale(fault_point_rounds=1, random_kills=5, dying_rounds=1, truncation_stride=97, fuzz_mutations=9_600,
+QUICK = Scale(plan_restarts=2, fault_point_rounds=1, random_kills=5, dying_rounds=1, truncation_stride=97, fuzz_mutations=9_600,
               fuzz_examples=40, fuzz_sessions=40, load_jobs=2, load_connections=32, load_seconds=5.0, cycles=1_000,
               slow_clients=16)
 
@@ -89,7 +91,7 @@ LOST_KINDS = {
     "clients blocked or refused": ("kept waiting", "failures:", "disturbed", "status request failed", "connected"),
     "file descriptors leaked": ("file descriptors",),
 }
-"""What a violation says it lost, by the words it uses (see the invariants in bench/reliability_node.py)."""
+"""What a violation says it lost, by the words it uses (see the invariants in reliability/node.py)."""
 
 
 @contextmanager
@@ -168,6 +170,33 @@ def run_faults(scale: Scale, rng: random.Random, log: Any) -> list[dict[str, Any
     for fault in faults:
         fault["survived"] = not fault["violations"]
     return faults
+
+
+ADAPTIVE_JOBS = (("big", ("--gpus", "4"), ("--step-s", "0.02", "--load-rounds", "3000")),
+                 ("small", (), ("--step-s", "0.01", "--load-rounds", "3000")))
+"""Two jobs whose loading needs more than the one CPU between them (tests/test_restart_resumes_plan.py)."""
+
+
+def run_plan_restarts(scale: Scale, log: Any) -> list[dict[str, Any]]:
+    """For each restart: the allocation before the kill, at the first step after it, and the
+    periods until they match (0: the plan resumed at once)."""
+    log(f"kill -9 of an adaptive controller, plan before vs after: {scale.plan_restarts}")
+    restarts: list[dict[str, Any]] = []
+    with fresh_node(policy="adaptive") as node:
+        for name, options, args in ADAPTIVE_JOBS:
+            node.controller.run(sys.executable, "-m", JOB_MODULE, "--seconds", "3600", *args, name=name,
+                                options=options)
+        planned = poll(lambda: (s := node.controller.status()).reallocations_total.get("gain")
+                       and len(s.jobs) == len(ADAPTIVE_JOBS), 120)
+        if not planned:
+            return [{"before": {}, "after": {}, "periods_to_match": None,
+                     "violations": ["adaptive never planned from the jobs' models within 120 s"]}]
+        for _ in range(scale.plan_restarts):
+            time.sleep(4 * PERIOD)  # a few steps on the restarted controller's own measurements
+            o = kill_and_resume(node)
+            restarts.append({**asdict(o), "violations": [] if o.periods_to_match == 0 else [
+                f"the plan resumed after {o.periods_to_match} periods, not at the first step"]})
+    return restarts
 
 
 def run_state_faults(scale: Scale, log: Any) -> list[dict[str, Any]]:
@@ -297,15 +326,17 @@ def print_table(result: dict[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.reliability", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m reliability.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the short version (1 to 4 minutes)")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="write the figures here")
     parser.add_argument("--seed", type=int, default=8)
+    parser.add_argument("--restarts-only", action="store_true",
+                        help="only the adaptive plan-resumption restarts (a quick check of that section)")
     args = parser.parse_args(argv)
     from tests.fixtures.managed import CGROUP_V1_USABLE, NO_CGROUP_V1
 
     if not CGROUP_V1_USABLE:
-        print(f"bench.reliability: {NO_CGROUP_V1}", file=sys.stderr)
+        print(f"reliability.bench: {NO_CGROUP_V1}", file=sys.stderr)
         return 2
     raise_fd_limit()
     scale = QUICK if args.quick else FULL
@@ -318,6 +349,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"[{time.monotonic() - started:6.0f}s] {text} (load average {phases[text][0]})", file=sys.stderr,
               flush=True)
 
+    restarts = run_plan_restarts(scale, log)
+    if args.restarts_only:
+        _print_restarts(restarts)
+        return 0 if not any(r["violations"] for r in restarts) else 1
     faults = run_faults(scale, random.Random(args.seed), log)
     log("malformed input")
     malformed = run_malformed(scale, args.seed)
@@ -329,13 +364,26 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "load_average_at_phase_start": phases, "load_average_at_end": os.getloadavg()},
         "period_s": PERIOD, "duration_s": round(time.monotonic() - started, 1),
         "summary": summarise(faults, malformed, load), "faults": faults, "malformed": malformed, "load": load,
+        "plan_restarts": restarts,
     }
     print_table(result)
+    _print_restarts(restarts)
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1) + "\n")
         log(f"figures written to {args.json}")
-    return 0 if not result["summary"]["violations"] else 1
+    restart_violations = [v for r in restarts for v in r["violations"]]
+    return 0 if not result["summary"]["violations"] and not restart_violations else 1
+
+
+def _print_restarts(restarts: list[dict[str, Any]]) -> None:
+    """One line per restart: each job's applied (weight, workers) before -> after, and the
+    periods until the plan was back (GPU-emulated jobs)."""
+    print("\nadaptive plan across kill -9 + restart (cpu_weight/workers per job, before -> first step after):")
+    for i, r in enumerate(restarts, 1):
+        jobs = ", ".join(f"{job_id} {b[0]}/{b[2]} -> {r['after'].get(job_id, [None] * 4)[0]}/"
+                         f"{r['after'].get(job_id, [None] * 4)[2]}" for job_id, b in r["before"].items())
+        print(f"  restart {i}: {jobs}; periods until they match: {r['periods_to_match']}")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from adloader import protocol
-from bench.reliability_node import Node, poll
+from reliability.node import Node, poll
 
 STATE_FILE = "state.json"
 TEMP_FILE = "state.json.tmp"

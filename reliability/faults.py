@@ -7,7 +7,7 @@ Two kinds of crash, both a real SIGKILL-like death of the controller process:
   * ``kill -9`` at a random moment while jobs arrive and leave.
 
 After each crash the controller is restarted and the node must become consistent
-(:meth:`bench.reliability_node.Node.violations` empty) within ``settle_s``; the time it
+(:meth:`reliability.node.Node.violations` empty) within ``settle_s``; the time it
 took is recorded. Jobs keep training throughout (checked at the end by the caller with
 ``Node.training_stopped``).
 """
@@ -25,7 +25,8 @@ from typing import Callable
 import psutil
 
 from adloader import protocol
-from bench.reliability_node import Node, TrackedJob, poll
+from adloader.protocol import NodeSnapshot
+from reliability.node import Node, TrackedJob, poll
 from controller import faults
 
 FAULT_POINTS: dict[str, str] = {
@@ -119,6 +120,38 @@ def crash_during_churn(node: Node, kills: int, settle_s: float, rng: random.Rand
             node.churn_once()  # a job arrives (and runs unmanaged) or leaves while no controller runs
         outcomes.append(restart_and_check(node, f"kill -9 after {busy_for:.2f}s of churn", True, settle_s))
     return outcomes
+
+
+@dataclass
+class PlanResumption:
+    """One kill -9 of a controller planning adaptively, and its restart."""
+
+    before: dict[str, list]
+    """Each job's applied [cpu_weight, cores, workers target, read_bps] just before the kill."""
+    after: dict[str, list]
+    """The same at the first status after the restart (its first control step is done by then)."""
+    periods_to_match: int | None
+    """Control periods after the restart until the plan was ``before`` again (0: at the first
+    step); None if it never was within the limit."""
+
+
+def plan_of(status: NodeSnapshot) -> dict[str, list]:
+    """Each job's applied allocation, as the status shows it."""
+    return {j.job_id: [j.cpu_weight, j.cores, j.workers_target, j.read_bps] for j in status.jobs}
+
+
+def kill_and_resume(node: Node, max_periods: int = 40) -> PlanResumption:
+    """SIGKILL the controller, restart it, and count the periods until the plan it had is back."""
+    controller = node.controller
+    before = plan_of(controller.status())
+    controller.kill()
+    controller.start(ready=True)
+    after = plan_of(controller.status())
+    for periods in range(max_periods + 1):
+        if plan_of(controller.status()) == before:
+            return PlanResumption(before, after, periods)
+        time.sleep(controller.period)
+    return PlanResumption(before, after, None)
 
 
 @dataclass
@@ -227,7 +260,7 @@ def controller_away(node: Node, how: str, away_steps: int = 20, timeout: float =
     last worker count (and, after a SIGKILL, its last CPU quota), and its loader must
     report to the new controller. ``node`` must have started with ``--cpus 0-1`` and
     ``--policy even`` and have no other job: the job then gets 2 cores and 2 workers."""
-    from bench.reliability_job import Progress, parse_progress
+    from reliability.job import Progress, parse_progress
 
     controller = node.controller
     found: list[str] = []

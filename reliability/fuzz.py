@@ -34,7 +34,7 @@ import psutil
 
 from adloader import protocol
 from adloader.errors import ProtocolError
-from bench.reliability_node import ControllerHandle, Node, TrackedJob, poll
+from reliability.node import ControllerHandle, Node, TrackedJob, poll
 from controller.snapshot import NodeSnapshot
 
 MAX = protocol.MAX_LINE_BYTES
@@ -450,7 +450,7 @@ def run_fuzz(node: Node, bystander: TrackedJob, mutations: int, examples: int, s
     reporting job) and a status poller go on, then check that every line got its answer,
     that the controller counted exactly those errors, that nothing else changed, that its
     memory stayed bounded and that the well-behaved clients were never refused or kept waiting."""
-    from bench.reliability_job import parse_progress
+    from reliability.job import parse_progress
     from controller.policies import policy_names
 
     controller = node.controller
