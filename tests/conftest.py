@@ -107,6 +107,7 @@ TIERS: dict[str, tuple[str, ...]] = {
         "test_protocol", "test_cpuspec", "test_curves", "test_policies", "test_policies_properties", "test_bench_mix",
         "test_registry", "test_registry_policy_inputs", "test_placement", "test_safety_net", "test_flapping",
         "test_history", "test_peer", "test_throughput_model_features", "test_throughput_model_fit",
+        "test_throughput_model_api",
     ),
     "in_process": ("test_backend_v2", "test_layouts_v2", "test_metrics", "test_controller_in_process"),
     "real_cgroups": (
