@@ -1,0 +1,60 @@
+"""Once settled, adaptive changes a job's limits at most once a minute unless the gain is
+urgent; the loop's ChangeClock tells it how old each allocation is and when the job set
+last changed (on an injected clock)."""
+from __future__ import annotations
+
+from controller.change_clock import ChangeClock
+from controller.policies import JobAllocation, JobView, NodeResources, make_policy
+from controller.policies.adaptive import AdaptivePolicy
+
+NODE = NodeResources(cpus=(0, 1, 2, 3))
+
+
+def job(job_id: str, gpus: int, m: float, p: float, **fields: object) -> JobView:
+    return JobView(job_id=job_id, name=job_id, gpus=gpus, max_throughput=m, loading_curve=((1.0, 1.0 / p),), **fields)
+
+
+def test_a_settled_job_keeps_its_limits_for_a_minute_unless_the_gain_is_urgent() -> None:
+    policy = AdaptivePolicy(gain_threshold=0.1, urgent_gain=0.3, min_change_interval_s=60.0, settle_s=10.0)
+    jobs = [job("a", 1, 300.0, 0.01), job("b", 1, 300.0, 0.01)]  # each needs 3 of the 4 cores
+    first = policy.allocate(NODE, jobs)
+
+    def later(p_a: float, age: float, since_event: float) -> dict:
+        views = [job("a", 1, 300.0, p_a, current=first["a"], allocation_age_s=age, since_event_s=since_event),
+                 job("b", 1, 300.0, 0.01, current=first["b"], allocation_age_s=age, since_event_s=since_event)]
+        return dict(policy.allocate(NODE, views))
+
+    # a's samples cost twice as much now: re-planning gains ~24%, above the threshold, below urgent
+    assert later(0.02, age=30.0, since_event=300.0) == first  # changed 30 s ago: kept
+    assert later(0.02, age=70.0, since_event=300.0) != first  # a minute on: re-planned
+    assert later(0.02, age=30.0, since_event=5.0) != first  # still settling after an event
+    # four times as much (a phase change): ~44% gain, urgent, re-planned at once
+    assert later(0.04, age=5.0, since_event=300.0) != first
+
+
+def test_change_clock_ages_allocations_and_restarts_settling_at_job_set_events() -> None:
+    now = [0.0]
+    clock = ChangeClock(clock=lambda: now[0])
+    view = JobView(job_id="a", name="a")
+    (first,) = clock.annotate([view], {"arrival"})
+    assert first.allocation_age_s is None and first.since_event_s == 0.0
+    clock.applied({"a": JobAllocation(cpu_weight=100, workers=2)})
+    now[0] = 30.0
+    (aged,) = clock.annotate([view])
+    assert aged.allocation_age_s == 30.0 and aged.since_event_s == 30.0
+    clock.applied({"a": JobAllocation(cpu_weight=100, workers=2)})  # unchanged: the age goes on
+    now[0] = 50.0
+    (same,) = clock.annotate([view], {"departure"})
+    assert same.allocation_age_s == 50.0 and same.since_event_s == 0.0
+    clock.applied({"a": JobAllocation(cpu_weight=300, workers=3)})
+    now[0] = 51.0
+    (changed,) = clock.annotate([view])
+    assert changed.allocation_age_s == 1.0
+    clock.applied({})
+    (gone,) = clock.annotate([view])
+    assert gone.allocation_age_s is None
+
+
+def test_the_default_policy_is_the_rate_limited_one() -> None:
+    policy = make_policy("adaptive")
+    assert policy.min_change_interval_s == 60.0 and policy.urgent_gain > policy.gain_threshold
