@@ -107,7 +107,6 @@ TIERS: dict[str, tuple[str, ...]] = {
         "test_protocol", "test_cpuspec", "test_curves", "test_policies", "test_policies_properties", "test_bench_mix",
         "test_registry", "test_registry_policy_inputs", "test_placement", "test_safety_net", "test_flapping", "test_change_rate",
         "test_history", "test_peer", "test_throughput_model_features", "test_throughput_model_fit",
-        "test_throughput_model_api",
     ),
     "in_process": ("test_backend_v2", "test_layouts_v2", "test_metrics", "test_controller_in_process"),
     "real_cgroups": (
@@ -119,7 +118,7 @@ TIERS: dict[str, tuple[str, ...]] = {
         "test_faults", "test_fuzz_socket", "test_load", "test_node_memory", "test_reporter", "test_torchrun",
         "test_bench_e2e", "test_prometheus", "test_deploy", "test_dataloader", "test_dataloader_properties",
         "test_dataloader_torch_parity", "test_dataloader_frameworks", "test_dataloader_state", "test_socket_discovery", "test_slurm", "test_install", "test_packaging",
-        "test_cli", "test_throughput_model_cli", "test_restart_resumes_plan",
+        "test_cli", "test_throughput_model_cli", "test_throughput_model_api", "test_restart_resumes_plan",
     ),
 }
 """Each test file's tier (README, "Tests"): ``pytest -m pure`` runs in seconds anywhere;

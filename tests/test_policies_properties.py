@@ -2,6 +2,7 @@
 overcommitted, floors hold, the answer is deterministic and independent of job order."""
 from __future__ import annotations
 
+import math
 import random
 from typing import Callable
 
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from controller.policies import JobAllocation, JobView, NodeResources, make_policy
 from controller.policies.oracle import OraclePolicy
-from controller.policies.shares import JobModel, may_read, model_of
+from controller.policies.shares import JobModel, contended_cores, may_read, model_of
 
 POLICIES = ["even", "adaptive", "jct", "oracle"]
 
@@ -75,6 +76,16 @@ def check_allocation_invariants(
         assert 1 <= a.workers <= node.max_workers_per_job
         assert a.cpus == node.cpus
         assert a.cpu_weight is None or 1 <= a.cpu_weight <= 10_000
+    weights = {job_id: a.cpu_weight for job_id, a in allocation.items()}
+    if any(w is not None for w in weights.values()):  # weight-based: the weights are the plan in cores
+        assert all(w is not None for w in weights.values()), "a job without a weight gets the kernel's 100"
+        # What the kernel gives each job when all of them run: a modelled job wants the cores
+        # that saturate it (the policy's own model), any other job all it can get.
+        demands = {view.job_id: m.cores_to_saturate() if (m := model_for(view)) is not None else math.inf
+                   for view in jobs}
+        planned = contended_cores(node.cores, weights, demands)
+        assert sum(planned.values()) <= node.cores + 1e-6
+        assert all(c > 0 for c in planned.values()), (planned, weights)  # nobody starved outright
     reads = [a.read_bps for a in allocation.values()]
     if node.read_bps is not None and set(reads) != {None}:  # None for all: no two jobs contend for reads
         assert all(r is not None and r >= 1 for r in reads)
