@@ -7,8 +7,8 @@ num_workers`` batches beyond the one the training loop waits for, as torch's
 loader; the least-loaded ready worker gets the lowest pending batch.
 
 Resizing is a target the thread reconciles towards, from any thread:
-  * grow: ask the helper process (spawner.py) for a worker; it gets work once READY;
-  * shrink: RETIRE the idlest workers; each finishes the batch it is on, hands
+  * grow: ask the helper process (spawner.py) for a worker; it gets work once Ready;
+  * shrink: Retire the idlest workers; each finishes the batch it is on, hands
     back the ones it had not started (they are re-sent to others) and exits.
   * death: the helper reports every worker exit with its wait status. The
     batches the dead worker held go back to the table, the one it was working
@@ -44,15 +44,16 @@ from adloader.dataloader.fetch import FetchSpec
 from adloader.dataloader.spawner import EXITED, SPAWNED, WorkerSpawner
 from adloader.dataloader.stats import LoaderCounters
 from adloader.dataloader.table import INFLIGHT, Batch, Epoch, Outcome
-from adloader.dataloader.worker import (
-    ENDED, INIT_FAILED, READY, RESULT, RETIRE, RETIRED, STOP, TASK, WorkerIdentity,
+from adloader.dataloader.messages import (
+    Ended, FromWorker, InitFailed, Ready, Result, Retire, Retired, Stop, Task, ToWorker, Usage,
 )
+from adloader.dataloader.worker import WorkerIdentity
 
 log = logging.getLogger(__name__)
 
 STARTING, WORKING, RETIRING, STOPPING = "starting", "ready", "retiring", "stopping"
 POISON_DEATHS = 3  # a batch that killed this many workers is given up
-START_FAILURES = 3  # this many workers in a row dying before READY: stop trying
+START_FAILURES = 3  # this many workers in a row dying before Ready: stop trying
 SPAWNER_RESTARTS = 3  # helper process deaths tolerated per pool
 _TICK_S = 0.5  # the thread re-checks its state at least this often
 
@@ -268,7 +269,7 @@ class Pool:
     def _release(self) -> None:
         """Stop the workers and the helper and close every descriptor (the thread is not running)."""
         for slot in list(self._slots.values()):
-            self._send(slot, (STOP,))
+            self._send(slot, Stop())
         if self._spawner is not None:
             self._spawner.close()
         for slot in self._slots.values():
@@ -329,17 +330,18 @@ class Pool:
             try:
                 if not conn.poll(0):
                     return
-                message = conn.recv()
-                if message[0] == RESULT:
+                message: FromWorker = conn.recv()
+                if isinstance(message, Result):
                     data, error = self._rebuild(conn.recv_bytes())
             except (EOFError, OSError):
                 self._close_conn(slot)  # the worker is exiting; the helper will report how
                 return
             with self._cond:
-                if message[0] != RESULT:
+                self._count_usage(message.usage)
+                if not isinstance(message, Result):
                     self._on_message(slot, message)
                 elif error is None:
-                    self._on_message(slot, (*message[:3], data, *message[3:]))
+                    self._on_result(slot, message, data)
                 else:
                     self._on_lost_result(slot, message, error)
 
@@ -358,45 +360,43 @@ class Pool:
 
     # ------------------------------------------------------------ with the lock held
 
-    def _on_message(self, slot: Slot, message: tuple) -> None:
-        kind = message[0]
-        self._counters.worker_cpu_s += message[-2]
-        self._counters.read_bytes += message[-1]
-        if kind == READY:
+    def _count_usage(self, usage: Usage) -> None:
+        self._counters.worker_cpu_s += usage.cpu_s
+        self._counters.read_bytes += usage.read_bytes
+
+    def _on_message(self, slot: Slot, message: FromWorker) -> None:
+        if isinstance(message, Ready):
             if slot.state == STARTING:
                 slot.state = WORKING
-            slot.pid = slot.pid or message[1]
+            slot.pid = slot.pid or message.pid
             self._start_failures = 0
-        elif kind == RESULT:
-            _, epoch_number, number, data, n_samples, failed = message[:6]  # data spliced in by _receive
-            batch = self._take_outstanding(slot, epoch_number, number)
-            if batch is not None:
-                self._record_first_result(slot)
-                self._epoch.resolve(batch, Outcome(data=data, n_samples=n_samples, failed=failed))
-                self._cond.notify_all()
-        elif kind == ENDED:
-            _, epoch_number, number = message[:3]
-            batch = self._take_outstanding(slot, epoch_number, number)
+        elif isinstance(message, Ended):
+            batch = self._take_outstanding(slot, message.epoch, message.batch)
             if batch is not None:
                 self._epoch.resolve(batch, Outcome(skip=True))
                 self._epoch.stream_ended(slot.identity.id)
                 self._cond.notify_all()
-        elif kind == RETIRED:
-            dropped = set(message[1])
+        elif isinstance(message, Retired):
+            handed_back = set(message.unstarted)
             for epoch_number, batch in slot.outstanding:
-                if batch.number in dropped and self._is_current(epoch_number, batch, slot):
+                if batch.number in handed_back and self._is_current(epoch_number, batch, slot):
                     self._epoch.requeue(batch)
             slot.outstanding.clear()
             slot.state = STOPPING  # everything it sent has been read: it may exit now
-            self._send(slot, (STOP,))
-        elif kind == INIT_FAILED:
-            self._set_fatal(_as_exception(message[1]))
+            self._send(slot, Stop())
+        elif isinstance(message, InitFailed):
+            self._set_fatal(_as_exception(message.error))
 
-    def _on_lost_result(self, slot: Slot, header: tuple, error: BaseException) -> None:
+    def _on_result(self, slot: Slot, header: Result, data: Any) -> None:
+        batch = self._take_outstanding(slot, header.epoch, header.batch)
+        if batch is not None:
+            self._record_first_result(slot)
+            self._epoch.resolve(batch, Outcome(data=data, n_samples=header.n_samples, failed=header.failed))
+            self._cond.notify_all()
+
+    def _on_lost_result(self, slot: Slot, header: Result, error: BaseException) -> None:
         """A batch arrived but could not be rebuilt: load it again elsewhere (counted like a death)."""
-        self._counters.worker_cpu_s += header[-2]
-        self._counters.read_bytes += header[-1]
-        batch = self._take_outstanding(slot, header[1], header[2])
+        batch = self._take_outstanding(slot, header.epoch, header.batch)
         if batch is None:
             return
         log.info("could not receive batch %d from loader worker pid %s (%r); loading it again",
@@ -549,7 +549,7 @@ class Pool:
             live.sort(key=lambda s: (s.state == WORKING, len(s.outstanding), -s.identity.id))
             for slot in live[:surplus]:
                 slot.state = RETIRING
-                self._send(slot, (RETIRE,))
+                self._send(slot, Retire())
 
     def _start_streams(self, epoch: Epoch) -> None:
         """An iterable epoch gets exactly ``target`` workers with ids 0..n-1, each streaming its shard."""
@@ -561,7 +561,7 @@ class Pool:
         if not reusable:
             for slot in live:
                 slot.state = STOPPING
-                self._send(slot, (STOP,))
+                self._send(slot, Stop())
             live = [slot for slot in (self._spawn(n, worker_id=i) for i in range(n)) if slot is not None]
         epoch.streams = n
         self._streams = {s.identity.id: s.token for s in live}
@@ -672,12 +672,12 @@ class Pool:
     def _send_task(self, slot: Slot, epoch: Epoch, batch: Batch) -> bool:
         batch.state, batch.worker = INFLIGHT, slot.token
         slot.outstanding.append((epoch.number, batch))
-        if self._send(slot, (TASK, epoch.number, batch.number, batch.payload, batch.seed)):
+        if self._send(slot, Task(epoch.number, batch.number, batch.payload, batch.seed)):
             return True
         slot.outstanding.pop()
         return False
 
-    def _send(self, slot: Slot, message: tuple) -> bool:
+    def _send(self, slot: Slot, message: ToWorker) -> bool:
         if slot.conn is None:
             return False
         try:

@@ -11,14 +11,7 @@ travel as shared-memory file descriptors that the receiver fetches from the
 sender *while unpickling*, so a worker must stay alive until everything it
 sent has been read. After RETIRED the dispatcher, having read all, sends STOP.
 
-Messages (tuples, first item the kind):
-  dispatcher -> worker: (TASK, epoch, batch, payload, seed), (RETIRE,), (STOP,)
-  worker -> dispatcher: (READY, pid, cpu_s, read_bytes), (INIT_FAILED, wrapped_exc, cpu_s, read_bytes),
-                        (RESULT, epoch, batch, n_samples, failed, cpu_s, read_bytes) then the batch itself
-                        as a separate message of pickled bytes (transfer.py; so a batch that cannot be
-                        rebuilt is known by number), (ENDED, epoch, batch, cpu_s, read_bytes),
-                        (RETIRED, [batch, ...], cpu_s, read_bytes)
-``cpu_s`` and ``read_bytes`` are this worker's deltas since its previous message.
+The messages are the typed classes of messages.py.
 """
 from __future__ import annotations
 
@@ -26,7 +19,6 @@ import os
 from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
 
 import torch
 import torch.utils.data._utils.worker as torch_worker
@@ -34,11 +26,10 @@ from torch._utils import ExceptionWrapper
 
 from adloader.dataloader import handoff, transfer
 from adloader.dataloader.fetch import FetchSpec, StreamEnded, fetch_iterable, fetch_map
+from adloader.dataloader.messages import Ended, InitFailed, Ready, Result, Retire, Retired, Task, Usage
 from adloader.dataloader.seeding import MASK64, seed_all, seed_worker
 from adloader.dataloader.stats import ResourceMeter
 
-TASK, RETIRE, STOP = "task", "retire", "stop"
-READY, INIT_FAILED, RESULT, ENDED, RETIRED = "ready", "init_failed", "result", "ended", "retired"
 
 
 @dataclass(frozen=True)
@@ -59,9 +50,9 @@ def worker_main(conn: Connection, spec: FetchSpec | None, identity: WorkerIdenti
             spec = handoff.receive(conn)
         _become_worker(spec, identity)
     except Exception:
-        conn.send((INIT_FAILED, ExceptionWrapper(where=f"in loader worker {identity.id} start-up"), *meter.delta()))
+        conn.send(InitFailed(ExceptionWrapper(where=f"in loader worker {identity.id} start-up"), Usage(*meter.delta())))
         return
-    conn.send((READY, os.getpid(), *meter.delta()))
+    conn.send(Ready(os.getpid(), Usage(*meter.delta())))
     _serve(conn, spec, meter, identity.id)
 
 
@@ -79,7 +70,7 @@ def _become_worker(spec: FetchSpec, identity: WorkerIdentity) -> None:
 
 
 def _serve(conn: Connection, spec: FetchSpec, meter: ResourceMeter, worker_id: int) -> None:
-    tasks: deque[tuple[Any, ...]] = deque()
+    tasks: deque[Task] = deque()
     stream = None
     stream_epoch = -1
     while True:
@@ -88,14 +79,14 @@ def _serve(conn: Connection, spec: FetchSpec, meter: ResourceMeter, worker_id: i
                 message = conn.recv()
             except (EOFError, OSError):
                 return  # the training process closed our connection: it is gone or shutting down
-            if message[0] == TASK:
+            if isinstance(message, Task):
                 tasks.append(message)
-            elif message[0] == RETIRE:
-                conn.send((RETIRED, [task[2] for task in tasks], *meter.delta()))
+            elif isinstance(message, Retire):
+                conn.send(Retired([task.batch for task in tasks], Usage(*meter.delta())))
                 tasks.clear()
-            else:  # STOP
+            else:  # Stop
                 return
-        _, epoch, batch, payload, seed = tasks.popleft()
+        epoch, batch, payload, seed = tasks.popleft()
         seed_all(seed)
         try:
             if spec.iterable:
@@ -106,7 +97,7 @@ def _serve(conn: Connection, spec: FetchSpec, meter: ResourceMeter, worker_id: i
                 data, n_samples = fetch_map(spec, payload)
             failed = False
         except StreamEnded:
-            conn.send((ENDED, epoch, batch, *meter.delta()))
+            conn.send(Ended(epoch, batch, Usage(*meter.delta())))
             continue
         except Exception:
             data, n_samples, failed = ExceptionWrapper(where=f"in loader worker {worker_id}"), 0, True
@@ -117,7 +108,7 @@ def _serve(conn: Connection, spec: FetchSpec, meter: ResourceMeter, worker_id: i
             n_samples, failed = 0, True
         del data
         try:
-            conn.send((RESULT, epoch, batch, n_samples, failed, *meter.delta()))
+            conn.send(Result(epoch, batch, n_samples, failed, Usage(*meter.delta())))
             conn.send_bytes(pickled)
         except (BrokenPipeError, ConnectionResetError):
             return

@@ -5,7 +5,7 @@ Its code is not ours and is not in this repository. Get the public file first, e
       https://raw.githubusercontent.com/pytorch/pytorch/main/test/test_dataloader.py
 (the run in docs/dataloader.md used the copy in the divyanshk/pytorch fork of main, commit
 1c9475fbbc5d16b51e038fa14c1472fbfc7ffb6f). Then:
-    python3 tests/torch_suite/run.py --file /tmp/torch-tests/test_dataloader.py
+    python3 tests/torch_suite/run.py --file /tmp/torch-tests/test_dataloader.py [--parallel]
 The file is copied into a temporary directory outside the repository and run with pytest, once as is
 and once with ``sitecustomize.py`` (next to this script) substituting adloader.DataLoader for torch's in
 every process. It prints both counts and the tests that pass on torch and fail on adloader; the
@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -49,7 +50,7 @@ def run_once(copy: Path, substitute: bool, junit: Path, run_timeout: float, test
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore",
                f"--junitxml={junit}", "--rootdir", str(copy.parent), str(copy)]
     if importlib.util.find_spec("pytest_timeout") is not None:
-        command[4:4] = ["-p", "pytest_timeout", f"--timeout={test_timeout}"]
+        command[4:4] = [f"--timeout={test_timeout}"]  # the plugin loads itself
     print("+", " ".join(command), f"(ADLOADER_SUBSTITUTE={env['ADLOADER_SUBSTITUTE']})", flush=True)
     try:
         subprocess.run(command, cwd=copy.parent, env=env, timeout=run_timeout, check=False)
@@ -63,15 +64,20 @@ def main() -> None:
     parser.add_argument("--run-timeout", type=float, default=3600.0, help="seconds for each of the two runs")
     parser.add_argument("--test-timeout", type=float, default=300.0, help="seconds per test (pytest-timeout)")
     parser.add_argument("--json", type=Path, help="write the outcomes of both runs here")
+    parser.add_argument("--parallel", action="store_true", help="run the torch and adloader runs at once")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="torch-dataloader-suite-") as tmp:
-        copy = Path(tmp) / "test_dataloader.py"
-        shutil.copy(args.file, copy)
-        runs = {}
-        for label, substitute in (("torch", False), ("adloader", True)):
-            junit = Path(tmp) / f"{label}.xml"
-            run_once(copy, substitute, junit, args.run_timeout, args.test_timeout)
-            runs[label] = outcomes(junit) if junit.exists() else {}
+        labels = {"torch": False, "adloader": True}
+        for label in labels:  # one copy per run: both runs write next to the file (pycache, temp files)
+            (Path(tmp) / label).mkdir()
+            shutil.copy(args.file, Path(tmp) / label / "test_dataloader.py")
+        runs_at_once = ThreadPoolExecutor(max_workers=2 if args.parallel else 1)
+        with runs_at_once as pool:
+            for label, substitute in labels.items():
+                pool.submit(run_once, Path(tmp) / label / "test_dataloader.py", substitute,
+                            Path(tmp) / f"{label}.xml", args.run_timeout, args.test_timeout)
+        runs = {label: outcomes(Path(tmp) / f"{label}.xml") if (Path(tmp) / f"{label}.xml").exists() else {}
+                for label in labels}
     for label, results in runs.items():
         counts = {k: sum(1 for v in results.values() if v == k) for k in ("passed", "failed", "error", "skipped")}
         print(f"{label}: {counts}")

@@ -1,0 +1,73 @@
+"""The messages between the dispatcher and a loader worker, one typed class each.
+
+NamedTuples: named, typed fields for the reader, and pickled as cheaply as the plain tuples they
+replace (a batch's header is sent with every batch, so the small-batch loader pays for every byte).
+Each worker-to-dispatcher message carries ``usage``: the worker's CPU seconds and storage read
+bytes since its previous message (see stats.ResourceMeter).
+
+  dispatcher -> worker: Task, Retire, Stop
+  worker -> dispatcher: Ready, InitFailed, Result (then the batch itself as a separate message of
+                        pickled bytes, so that a batch that cannot be rebuilt is still known by number),
+                        Ended, Retired
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+
+class Usage(NamedTuple):
+    cpu_s: float
+    read_bytes: int
+
+
+class Task(NamedTuple):
+    """Load batch ``batch`` of epoch ``epoch``: ``payload`` is its indices (map-style) or its size
+    (iterable); ``seed`` seeds the RNGs just before (seeding.py)."""
+
+    epoch: int
+    batch: int
+    payload: Any
+    seed: int
+
+
+class Retire(NamedTuple):
+    """Finish the batch in hand, answer Retired with the tasks not started, then wait for Stop."""
+
+
+class Stop(NamedTuple):
+    """Exit now (everything the worker sent has been read)."""
+
+
+class Ready(NamedTuple):
+    pid: int
+    usage: Usage
+
+
+class InitFailed(NamedTuple):
+    error: Any  # torch's ExceptionWrapper around what worker_init_fn or unpickling raised
+    usage: Usage
+
+
+class Result(NamedTuple):
+    epoch: int
+    batch: int
+    n_samples: int
+    failed: bool  # the batch is a torch ExceptionWrapper: the dataset raised
+    usage: Usage
+
+
+class Ended(NamedTuple):
+    """An iterable stream ended at this task: the batch delivers nothing."""
+
+    epoch: int
+    batch: int
+    usage: Usage
+
+
+class Retired(NamedTuple):
+    unstarted: list[int]  # batch numbers handed back
+    usage: Usage
+
+
+FromWorker = Ready | InitFailed | Result | Ended | Retired
+ToWorker = Task | Retire | Stop
