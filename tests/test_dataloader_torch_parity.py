@@ -197,3 +197,22 @@ def test_an_iterable_dataset_longer_than_its_len_warns_like_torch(num_workers: i
         values = sorted(int(x) for x in loader)
     loader.close()
     assert values == sorted(list(range(6)) * num_workers) if num_workers else values == list(range(6))
+
+
+class InitialSeed(Dataset):
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> int:
+        return torch.initial_seed()
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_dataset_returning_torchs_initial_seed_collates_as_with_torch(num_workers: int) -> None:
+    """Per-batch seeds are 63-bit, as torch's worker seeds: initial_seed() fits an int64 tensor."""
+    loader = DataLoader(InitialSeed(), batch_size=3, num_workers=num_workers)
+    try:
+        seeds = [int(s) for batch in loader for s in batch]
+    finally:
+        loader.close()
+    assert len(seeds) == 12 and all(0 <= s < 2**63 for s in seeds)

@@ -6,7 +6,7 @@ every batch is seeded on its own before it is fetched:
 
     words = SeedSequence([base_seed, e, k]).generate_state(10)   (numpy's SeedSequence, 32-bit words)
     random.seed(words 0-3 as one 128-bit int), numpy.random.seed(words 4-7),
-    torch's CPU generator .manual_seed(words 8-9 as one 64-bit int)
+    torch's CPU generator .manual_seed(words 8-9 as one int, its top bit cleared)
 
 Disjoint words, so ``random`` and ``numpy`` (both Mersenne Twisters seeded
 the same way) do not draw the same numbers. ``base_seed`` is drawn from the loader's ``generator``
@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 MASK64 = (1 << 64) - 1
+MASK63 = (1 << 63) - 1
 SEED_WORDS = 10
 
 
@@ -40,7 +41,8 @@ def seed_all(seed: int) -> None:
     words = [(seed >> (32 * i)) & 0xFFFFFFFF for i in range(SEED_WORDS)]
     random.seed(words[0] | words[1] << 32 | words[2] << 64 | words[3] << 96)
     np.random.seed(words[4:8])
-    torch.default_generator.manual_seed(words[8] | words[9] << 32)  # torch.manual_seed also reseeds devices: 100x slower
+    # 63 bits, as torch's own worker seeds (an int64 draw): torch.initial_seed() must fit in an int64 tensor
+    torch.default_generator.manual_seed((words[8] | words[9] << 32) & MASK63)  # torch.manual_seed: 100x slower
 
 
 def seed_worker(seed: int) -> None:
