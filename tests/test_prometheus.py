@@ -113,7 +113,10 @@ def stack() -> Iterator[Stack]:
             )
         s = Stack(controller, f"http://127.0.0.1:{metrics_port}/metrics", prometheus_url)
         wait_until(lambda: _ready(s, prometheus, workdir), 30, "Prometheus to scrape the controller")
-        job = [sys.executable, str(REPO / "tests" / "reporting_job.py"), "--seconds", "120"]
+        # Real loaders with a worker each, so every per-job panel has its series (the workers
+        # memory holds is known once a worker is measured).
+        job = [sys.executable, str(REPO / "tests" / "loader_job.py"), "--seconds", "120", "--workers", "1",
+               "--out", str(workdir / "out")]
         first = controller.run(*job, name=JOB_NAMES[0], options=("--gpus", "2"))
         controller.registered(first)
         # Let Prometheus see the first job's allocation before the second one changes it,
