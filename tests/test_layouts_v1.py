@@ -12,7 +12,6 @@ plan is enforced across parents, the scheduler's kill leaves no group behind.
 """
 from __future__ import annotations
 
-import os
 import shlex
 import signal
 import subprocess
@@ -26,8 +25,8 @@ import psutil
 import pytest
 
 from controller.backends.placement import cgroups_of
-from controller.backends.cgroupfs import read_pid_list, write_interface
-from fixtures.managed import CGROUP_ROOT, REPO, ControllerProcess, JobProcess, wait_until
+from controller.backends.cgroupfs import write_interface
+from fixtures.managed import CGROUP_ROOT, REPO, ControllerProcess, JobProcess, kill_members, wait_until
 
 PERIOD = 0.5
 ALL = ("cpu", "cpuacct", "cpuset", "memory", "blkio", "freezer", "pids", "devices")
@@ -70,12 +69,8 @@ class Layouts:
 
     def kill(self, path: str) -> None:
         """What pod deletion or `systemctl stop` does: SIGKILL every process in the scheduler's cgroup."""
-        for directory in sorted((CGROUP_ROOT / "freezer" / path.lstrip("/")).rglob("cgroup.procs")):
-            for pid in read_pid_list(directory):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        for procs in sorted((CGROUP_ROOT / "freezer" / path.lstrip("/")).rglob("cgroup.procs")):
+            kill_members(procs)
 
     def remove(self) -> None:
         """Kill what is left, move nothing (all dead), and remove every directory bottom-up."""
@@ -87,11 +82,7 @@ class Layouts:
             for directory in directories:
                 deadline = time.monotonic() + 10
                 while directory.exists():
-                    for pid in read_pid_list(directory / "cgroup.procs"):
-                        try:
-                            os.kill(pid, signal.SIGKILL)
-                        except ProcessLookupError:
-                            pass
+                    kill_members(directory / "cgroup.procs")
                     try:
                         directory.rmdir()
                     except OSError:
