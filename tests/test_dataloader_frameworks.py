@@ -60,4 +60,5 @@ def test_a_lightning_ddp_trainer_keeps_our_loader_reporting_and_resizing(control
 @pytest.mark.slow
 def test_accelerate_prepare_keeps_our_loader_reporting_and_resizing(controller: ControllerProcess,
                                                                     tmp_path: Path) -> None:
-    train(controller, tmp_path, "accelerate", ranks=1)
+    [record] = train(controller, tmp_path, "accelerate", ranks=1)
+    assert record["loader_class"] == OURS  # what prepare_data_loader handed back is still ours
