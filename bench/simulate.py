@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from bench.report import write_json
 from bench.sim_node import SimJob, SimNode, SimResult, simulate
 from controller.policies import make_policy
 from controller.policies.oracle import OraclePolicy
@@ -249,8 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "wall_s": time.perf_counter() - started,
     }
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(document, indent=1) + "\n")
+        write_json(args.json, document)
         print(f"results: {args.json}")
     return 0
 

@@ -23,7 +23,6 @@ takes 10 to 15 minutes on 2 cores (docs/reliability.md has the figures).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import random
@@ -46,6 +45,7 @@ from reliability.state import (
     run_on_unwritable_state_dir, saved_state, small_tmpfs, start_on_state, state_variants,
 )
 from adloader.cpuspec import parse_cpus
+from bench.report import write_json
 
 PERIOD = 0.5
 SETTLE_S = 2 * PERIOD + 3.0
@@ -369,8 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_table(result)
     _print_restarts(restarts)
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+        write_json(args.json, result)
         log(f"figures written to {args.json}")
     restart_violations = [v for r in restarts for v in r["violations"]]
     return 0 if not result["summary"]["violations"] and not restart_violations else 1
