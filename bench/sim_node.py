@@ -197,7 +197,8 @@ def simulate(node: SimNode, jobs: Sequence[SimJob], policy: Policy, seed: int = 
         finished.append(job)
     return SimResult(
         jobs={j.spec.name: {"gpus": float(j.spec.gpus), "busy_s": j.busy_s, "wall_s": j.wall_s,
-                            "jct_s": (j.ended_at or now) - j.spec.arrival_s} for j in finished},
+                            "jct_s": (j.ended_at or now) - j.spec.arrival_s,
+                            "curve_phase_changes": float(j.estimator.phase_changes)} for j in finished},
         steps=steps, events=events, decision_s=decision_s, reverts=net.reverts if net else 0,
     )
 
