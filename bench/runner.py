@@ -4,6 +4,7 @@
 Everything is real: the controller is ``python -m adloader controller`` with its own
 socket, state directory and cgroup group (``adloader-bench-<uuid8>``); each job is
 ``python -m adloader run ... -- python -m bench.job ...``, which writes its timeline.
+Both run through the shared harness, bench/controller_process.py.
 While the run lasts, the controller's status is polled twice a second (the
 allocations over time) and its CPU time is read from /proc through psutil. At the
 end every process the run started is gone and its cgroup group removed.
@@ -20,8 +21,6 @@ import json
 import logging
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -31,20 +30,16 @@ from typing import Callable
 
 import psutil
 
-from adloader import protocol
-from adloader.client import ControllerClient
 from adloader.errors import AdloaderError
+from bench.controller_process import CGROUP_ROOT, Cleanup, ControllerProcess, JobProcess, base_environment
 from bench.mix import JobSpec, Mix
 from bench.model_jobs import write_features
-from controller.backends.cgroupfs import drain_and_rmdir, read_pid_list, write_interface
+from controller.backends.cgroupfs import write_interface
 from controller.policies.oracle import CURVES_VAR
 from controller.snapshot import NodeSnapshot
 
 log = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parents[1]
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-HIERARCHIES = ("cpu", "cpuacct", "cpuset", "blkio")
 POLL_S = 0.5
 GROUP_CPU_SHARES = 64 * 1024
 
@@ -114,16 +109,20 @@ def run_policy(
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     os.chmod(run_dir, 0o755)
-    group = f"adloader-bench-{uuid.uuid4().hex[:8]}"
-    socket_path = run_dir / "s.sock"
-    environ = _environment(socket_path, oracle_curves if policy == "oracle" else None)
-    _make_group(group)
-    controller = _start_controller(policy, node, socket_path, run_dir, state_dir or run_dir / "state", group,
-                                   environ)
-    launchers: dict[str, subprocess.Popen] = {}
+    curves = {CURVES_VAR: str(oracle_curves)} if policy == "oracle" and oracle_curves is not None else {}
+    controller = ControllerProcess(
+        socket=run_dir / "s.sock", state_dir=state_dir or run_dir / "state",
+        group=f"adloader-bench-{uuid.uuid4().hex[:8]}", period=node.period_s, options=_controller_options(policy, node),
+        log_path=run_dir / "controller.log", environ=base_environment(**curves),
+    )
+    cleanup = Cleanup(graceful=True)
+    _make_group(controller.group)
+    cleanup.track(controller)
+    launchers: dict[str, JobProcess] = {}
     outcomes: list[JobOutcome] = []
     try:
-        ctl = psutil.Process(controller.pid)
+        controller.start()
+        ctl = psutil.Process(controller.proc.pid)
         cpu_before = _cpu_seconds(ctl)
         start = time.monotonic()
         started_at = time.time()
@@ -135,17 +134,17 @@ def run_policy(
                 raise BenchError(f"{policy}: the mix did not finish within {timeout_s:.0f}s; logs in {run_dir}")
             while pending and pending[0].arrival_s <= now:
                 spec = pending.pop(0)
-                launchers[spec.name] = _launch(spec, datasets[spec.name], run_dir, environ, send_features)
+                launchers[spec.name] = _launch(controller, spec, datasets[spec.name], run_dir, send_features)
                 outcomes.append(JobOutcome(spec=spec, launched_s=now))
             for outcome in outcomes:
                 if outcome.ended_s is None:
-                    code = launchers[outcome.spec.name].poll()
+                    code = launchers[outcome.spec.name].proc.poll()
                     if code is not None:
                         outcome.ended_s, outcome.exit_code = time.monotonic() - start, code
-            snapshot = _status(socket_path)
-            if controller.poll() is not None:
-                raise BenchError(f"{policy}: the controller exited with {controller.returncode}; "
-                                 f"log: {run_dir / 'controller.log'}")
+            snapshot = controller.poll_status()
+            if controller.proc.poll() is not None:
+                raise BenchError(f"{policy}: the controller exited with {controller.proc.returncode}; "
+                                 f"log: {controller.log_path}")
             if snapshot is not None:
                 live = {j.name: _job_fields(j) for j in snapshot.jobs if j.state != "gone"}
                 status_samples.append((round(now, 3), live))
@@ -155,11 +154,11 @@ def run_policy(
         wall = time.monotonic() - start
         cpu = _cpu_seconds(ctl) - cpu_before
     finally:
-        _stop(controller, launchers, group)
+        cleanup.run()
     failed = [o for o in outcomes if o.exit_code != 0]
     if failed:
-        names = ", ".join(f"{o.spec.name} (exit {o.exit_code})" for o in failed)
-        raise BenchError(f"{policy}: job(s) failed: {names}; see {run_dir}/*.err")
+        names = ", ".join(f"{o.spec.name} (exit {o.exit_code}, see {launchers[o.spec.name].stderr})" for o in failed)
+        raise BenchError(f"{policy}: job(s) failed: {names}")
     for outcome in outcomes:
         outcome.timeline = _read_timeline(run_dir / f"{outcome.spec.name}.timeline.json")
     return RunOutcome(policy=label, repeat=repeat, started_at=started_at, jobs=outcomes, controller_cpu_s=cpu,
@@ -186,35 +185,11 @@ def job_command(spec: JobSpec, dataset: Path, timeline: Path, features: Path | N
     return command
 
 
-def _environment(socket_path: Path, oracle_curves: Path | None) -> dict[str, str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("ADLOADER_")}
-    environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), environ.get("PYTHONPATH")]))
-    environ["ADLOADER_SOCKET"] = str(socket_path)
-    if oracle_curves is not None:
-        environ[CURVES_VAR] = str(oracle_curves)
-    return environ
-
-
-def _start_controller(policy: str, node: NodeSetup, socket_path: Path, run_dir: Path, state_dir: Path, group: str,
-                      environ: dict[str, str]) -> subprocess.Popen:
-    command = [
-        sys.executable, "-m", "adloader", "--log-level", "DEBUG", "controller", "--policy", policy,
-        "--socket", str(socket_path),
-        "--state-dir", str(state_dir), "--cgroup-group", group, "--cpus", node.cpus,
-        "--period", str(node.period_s), "--backend", "cgroup-v1",
-    ]
+def _controller_options(policy: str, node: NodeSetup) -> tuple[str, ...]:
+    options = ("--policy", policy, "--cpus", node.cpus, "--backend", "cgroup-v1")
     if node.read_bps is not None and node.read_device is not None:
-        command += ["--read-bps", str(int(node.read_bps)), "--read-device", node.read_device]
-    with (run_dir / "controller.log").open("w") as log_file:
-        proc = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, cwd=REPO, env=environ,
-                                start_new_session=True)
-    deadline = time.monotonic() + 30.0
-    while _status(socket_path) is None:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            _stop(proc, {}, group)
-            raise BenchError(f"the {policy} controller did not start; log:\n{(run_dir / 'controller.log').read_text()}")
-        time.sleep(0.1)
-    return proc
+        options += ("--read-bps", str(int(node.read_bps)), "--read-device", node.read_device)
+    return options
 
 
 def _make_group(group: str) -> None:
@@ -230,24 +205,11 @@ def _make_group(group: str) -> None:
     write_interface(directory / "cpu.shares", str(GROUP_CPU_SHARES), "weighting the benchmark's group")
 
 
-def _launch(spec: JobSpec, dataset: Path, run_dir: Path, environ: dict[str, str], send_features: bool
-            ) -> subprocess.Popen:
+def _launch(controller: ControllerProcess, spec: JobSpec, dataset: Path, run_dir: Path, send_features: bool
+            ) -> JobProcess:
     timeline = run_dir / f"{spec.name}.timeline.json"
     features = write_features(spec, run_dir) if send_features and spec.model is not None else None
-    with (run_dir / f"{spec.name}.out").open("w") as out, (run_dir / f"{spec.name}.err").open("w") as err:
-        return subprocess.Popen(job_command(spec, dataset, timeline, features), stdout=out, stderr=err,
-                                stdin=subprocess.DEVNULL, cwd=REPO, env=environ, start_new_session=True)
-
-
-def _status(socket_path: Path) -> NodeSnapshot | None:
-    try:
-        with ControllerClient(socket_path, timeout=5.0) as client:
-            reply = client.request(protocol.StatusRequest())
-    except (AdloaderError, OSError):
-        return None
-    if not isinstance(reply, protocol.Status):
-        return None
-    return reply.node
+    return controller.launch(job_command(spec, dataset, timeline, features), name=spec.name)
 
 
 def _job_fields(job) -> dict:
@@ -266,42 +228,3 @@ def _read_timeline(path: Path) -> dict:
         return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise BenchError(f"job timeline {path} is missing or unreadable ({exc}); see the job's .err file") from None
-
-
-def _stop(controller: subprocess.Popen, launchers: dict[str, subprocess.Popen], group: str) -> None:
-    """End everything the run started: launchers' sessions, the controller, the cgroups."""
-    for proc in launchers.values():
-        if proc.poll() is None:
-            _kill_session(proc)
-    if controller.poll() is None:
-        controller.send_signal(signal.SIGTERM)
-        try:
-            controller.wait(15.0)
-        except subprocess.TimeoutExpired:
-            _kill_session(controller)
-    _remove_group(group)
-
-
-def _kill_session(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
-def _remove_group(group: str) -> None:
-    """Kill whatever is left in the run's cgroups and remove them."""
-    for hierarchy in HIERARCHIES:
-        group_dir = CGROUP_ROOT / hierarchy / group
-        if not group_dir.is_dir():
-            continue
-        root_procs = CGROUP_ROOT / hierarchy / "cgroup.procs"
-        for directory in [d for d in group_dir.iterdir() if d.is_dir()] + [group_dir]:
-            for pid in read_pid_list(directory / "cgroup.procs"):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            drain_and_rmdir(directory, lambda d=directory: read_pid_list(d / "cgroup.procs"),
-                            lambda pid: write_interface(root_procs, str(pid), "bench cleanup"))

@@ -16,8 +16,9 @@ under ``adloader run``), the scenarios the reliability tests run, longer:
 It prints a table and writes the figures as JSON: faults injected and survived (and
 how long a restarted controller took to answer and to be consistent), malformed
 messages tried, clients held and their reply latency, and what was lost (goal:
-nothing). Needs root and a writable cgroup v1 hierarchy; it reuses the end-to-end
-test harness (tests/fixtures/managed.py), so run it from a checkout. The full run
+nothing). Needs root and a writable cgroup v1 hierarchy; its controllers and jobs run
+through the harness the benchmarks and the end-to-end tests share
+(bench/controller_process.py). reliability/ is not in the wheel: run it from a checkout. The full run
 takes 10 to 15 minutes on 2 cores (docs/reliability.md has the figures).
 """
 from __future__ import annotations
@@ -40,11 +41,12 @@ from reliability.faults import (
 )
 from reliability.fuzz import run_fuzz
 from reliability.load import raise_fd_limit, run_load, second_round_rss
-from reliability.node import JOB_MODULE, Node, poll
+from reliability.node import JOB_MODULE, Node
 from reliability.state import (
     run_on_unwritable_state_dir, saved_state, small_tmpfs, start_on_state, state_variants,
 )
 from adloader.cpuspec import parse_cpus
+from bench.controller_process import NO_CGROUP_V1, Cleanup, base_environment, cgroup_v1_usable, poll
 from bench.report import write_json
 
 PERIOD = 0.5
@@ -98,8 +100,6 @@ LOST_KINDS = {
 def fresh_node(cpus: str = "0", tmpfs_state: bool = False, policy: str = "even") -> Iterator[Node]:
     """A new controller (``--policy POLICY --cpus CPUS``) with its own socket, state and group;
     everything it and its jobs leave is removed afterwards."""
-    from tests.fixtures.managed import Cleanup, base_environment
-
     cleanup = Cleanup()
     try:
         controller = cleanup.new_controller(("--policy", policy, "--cpus", cpus), PERIOD, base_environment())
@@ -333,9 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--restarts-only", action="store_true",
                         help="only the adaptive plan-resumption restarts (a quick check of that section)")
     args = parser.parse_args(argv)
-    from tests.fixtures.managed import CGROUP_V1_USABLE, NO_CGROUP_V1
-
-    if not CGROUP_V1_USABLE:
+    if not cgroup_v1_usable():
         print(f"reliability.bench: {NO_CGROUP_V1}", file=sys.stderr)
         return 2
     raise_fd_limit()

@@ -26,7 +26,8 @@ import psutil
 
 from adloader import protocol
 from adloader.protocol import NodeSnapshot
-from reliability.node import Node, TrackedJob, poll
+from bench.controller_process import HarnessError, poll
+from reliability.node import Node, TrackedJob
 from controller import faults
 
 FAULT_POINTS: dict[str, str] = {
@@ -64,7 +65,7 @@ def restart_and_check(node: Node, fault: str, crashed: bool, settle_s: float) ->
     started = time.monotonic()
     try:
         controller.start(ready=True)
-    except AssertionError as exc:  # it exited or never answered: a crash loop in the making
+    except HarnessError as exc:  # it exited or never answered: a crash loop in the making
         return CrashOutcome(fault, crashed, time.monotonic() - started, None,
                             [f"the controller did not come back: {exc}"])
     ready = time.monotonic()

@@ -34,7 +34,8 @@ import psutil
 
 from adloader import protocol
 from adloader.errors import ProtocolError
-from reliability.node import ControllerHandle, Node, TrackedJob, poll
+from bench.controller_process import ControllerProcess, poll
+from reliability.node import Node, TrackedJob
 from controller.snapshot import NodeSnapshot
 
 MAX = protocol.MAX_LINE_BYTES
@@ -401,7 +402,7 @@ class FuzzDriver:
 class StatusPoller(threading.Thread):
     """A well-behaved client asking for the node's status in a loop, timing each answer."""
 
-    def __init__(self, controller: ControllerHandle, pause_s: float = 0.05) -> None:
+    def __init__(self, controller: ControllerProcess, pause_s: float = 0.05) -> None:
         super().__init__(name="status-poller", daemon=True)
         self.controller, self.pause_s = controller, pause_s
         self.latencies: list[float] = []

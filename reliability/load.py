@@ -36,7 +36,8 @@ import psutil
 
 from adloader import env, paths, protocol
 from adloader.errors import ProtocolError
-from reliability.node import Node, poll
+from bench.controller_process import poll
+from reliability.node import Node
 
 SLOW_PREFIX = b'{"v":1,"type":"sta'
 """What a slow client writes, and then holds: half of a status request."""

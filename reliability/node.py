@@ -29,68 +29,27 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol, Sequence, TypeVar
+from typing import Sequence
 
 import psutil
 
-from adloader import protocol
 from adloader.errors import AdloaderError
-from controller.backends.cgroupfs import drain_and_rmdir, read_pid_list, write_interface
+from bench.controller_process import (
+    CGROUP_ROOT, HIERARCHIES, REPO, ControllerProcess, JobProcess, cgroup_of, poll, remove_group,
+)
+from controller.backends.cgroupfs import read_pid_list, write_interface
 from controller.snapshot import NodeSnapshot
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-HIERARCHIES = ("cpu", "cpuacct", "cpuset", "blkio")
 JOB_MODULE = "reliability.job"
 MIN_CORES = 0.1
 """NodeResources.min_cores_per_job: the even policy's floor."""
-T = TypeVar("T")
-
-
-class JobHandle(Protocol):
-    """An ``adloader run`` launcher (tests/fixtures/managed.py:JobProcess)."""
-
-    proc: subprocess.Popen
-    name: str
-    stdout: Path
-
-    def kill_tree(self) -> None: ...
-    def output(self) -> tuple[str, str]: ...
-
-
-class ControllerHandle(Protocol):
-    """A controller subprocess (tests/fixtures/managed.py:ControllerProcess)."""
-
-    socket: Path
-    state_dir: Path
-    group: str
-    period: float
-    environ: dict[str, str]
-    proc: subprocess.Popen | None
-
-    def start(self, ready: bool = True) -> "ControllerHandle": ...
-    def kill(self) -> None: ...
-    def status(self) -> NodeSnapshot: ...
-    def request(self, message: protocol.Message) -> protocol.Message: ...
-    def run(self, *command: str, name: str = ..., options: tuple[str, ...] = (),
-            environ: dict[str, str] | None = None) -> JobHandle: ...
-    def log(self) -> str: ...
-
-
-def poll(predicate: Callable[[], T], timeout: float, interval: float = 0.05) -> T | None:
-    """``predicate()``'s first truthy value within ``timeout`` seconds, else None."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() > deadline:
-            return value or None
-        time.sleep(interval)
 
 
 @dataclass
 class TrackedJob:
     """A job we started, and whether we meant it to stop."""
 
-    handle: JobHandle
+    handle: JobProcess
     meant_to_end: str | None = None
     """None while it should train on; "killed" (SIGKILL) or "stopped" (SIGTERM) once we ended it."""
 
@@ -121,6 +80,7 @@ class ForeignGroup:
     QUOTA_US = "37000"
 
     def __init__(self, name: str, root: Path = CGROUP_ROOT) -> None:
+        self.name, self.root = name, root
         self.dirs = {h: root / h / name for h in ("cpu", "cpuset")}
         for hierarchy, directory in self.dirs.items():
             directory.mkdir(exist_ok=True)
@@ -152,10 +112,7 @@ class ForeignGroup:
     def remove(self) -> None:
         self.process.kill()
         self.process.wait()
-        for hierarchy, directory in self.dirs.items():
-            root_procs = directory.parent / "cgroup.procs"
-            drain_and_rmdir(directory, lambda d=directory: read_pid_list(d / "cgroup.procs"),
-                            lambda pid, r=root_procs: write_interface(r, str(pid), "foreign cleanup"))
+        remove_group(self.name, root=self.root)
 
 
 @dataclass
@@ -163,7 +120,7 @@ class Node:
     """A controller (``--policy even`` or ``static``, ``--cpus 0`` or ``0-1``), the jobs we start
     against it, the other owner's cgroup beside ours, and an unmanaged canary job."""
 
-    controller: ControllerHandle
+    controller: ControllerProcess
     cpus: int = 1
     """How many CPUs the controller was given (``--cpus 0`` or ``0-1``): the even policy splits them."""
     policy: str = "even"
@@ -185,7 +142,7 @@ class Node:
         environ = {k: v for k, v in self.controller.environ.items() if not k.startswith("ADLOADER_")}
         self.canary = subprocess.Popen([sys.executable, "-m", JOB_MODULE, "--report-every", "1"],
                                        stdout=self._canary_out, stderr=subprocess.DEVNULL, env=environ,
-                                       cwd=Path(__file__).resolve().parents[1], start_new_session=True)
+                                       cwd=REPO, start_new_session=True)
         os.sched_setaffinity(self.canary.pid, set(range(self.cpus)))
 
     def close(self) -> None:
@@ -261,7 +218,7 @@ class Node:
         return None if found in (None, "-") else found
 
     def job_id_of(self, pid: int) -> str | None:
-        path = _cpu_cgroup(pid)
+        path = cgroup_of(pid, "cpu")
         prefix = f"/{self.controller.group}/"
         if path and path.startswith(prefix):
             return path[len(prefix):].split("/", 1)[0]
@@ -290,7 +247,7 @@ class Node:
     def answers(self) -> bool:
         try:
             self.controller.status()
-        except (AdloaderError, AssertionError):
+        except AdloaderError:
             return False
         return True
 
@@ -299,7 +256,7 @@ class Node:
         self.reap()
         try:
             status = self.controller.status()
-        except (AdloaderError, AssertionError) as exc:
+        except AdloaderError as exc:
             return [f"the controller does not answer: {exc}"]
         listed = {j.job_id: j for j in status.jobs}
         found: list[str] = []
@@ -394,18 +351,6 @@ class Node:
                 found.append(f"{job.handle.name} stalled: a step took {progress.max_step_gap_s:.2f}s (until {ended}); "
                              f"the unmanaged canary's longest: {self.canary_gap():.2f}s")
         return found
-
-
-def _cpu_cgroup(pid: int) -> str | None:
-    try:
-        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if "cpu" in controllers.split(","):
-            return path
-    return None
 
 
 def _zombies() -> set[int]:

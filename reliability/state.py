@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from adloader import protocol
-from reliability.node import Node, poll
+from bench.controller_process import HarnessError, poll
+from reliability.node import Node
 
 STATE_FILE = "state.json"
 TEMP_FILE = "state.json.tmp"
@@ -87,7 +88,7 @@ def start_on_state(node: Node, variant: StateVariant, settle_s: float) -> StartO
     started = time.monotonic()
     try:
         controller.start(ready=True)
-    except AssertionError as exc:
+    except HarnessError as exc:
         return StartOutcome(variant.label, None, [f"the controller did not start: {exc}"])
     ready_s = time.monotonic() - started
     _, violations = node.wait_consistent(settle_s)
@@ -207,7 +208,7 @@ def run_on_unwritable_state_dir(node: Node, damage: str, settle_s: float) -> lis
         controller.kill()
         try:
             controller.start(ready=True)
-        except AssertionError as exc:
+        except HarnessError as exc:
             return found + [f"the controller did not restart on a {damage} state directory: {exc}"]
         _, left = node.wait_consistent(settle_s)
         found += left

@@ -4,7 +4,7 @@
   starts ``python -m adloader controller`` with a socket in a fresh 0755 directory
   under /tmp, a temp state dir and a unique cgroup group (``adloader-test-<uuid8>``),
   (``socket`` replaces the socket path) plus ``options`` (e.g. ``"--policy", "even", "--cpus", "0"``). Returns a
-  :class:`fixtures.managed.ControllerProcess`: ``.status()``, ``.request(msg)``,
+  :class:`bench.controller_process.ControllerProcess`: ``.status()``, ``.request(msg)``,
   ``.run(*command, name=...)`` to start a job against it, ``.registered(job)`` to wait
   for its registration, ``.stop(sig)``, ``.kill()``, ``.start()`` (restart), ``.log()``.
 - ``controller``: one such controller with ``--policy even --cpus 0`` and a 0.5 s period.
@@ -15,7 +15,8 @@
 The finaliser SIGKILLs every controller and job the test started (including anything
 left in the test's cgroups) and removes the groups and the temp directories. Tests
 that need real cgroups should skip with ``fixtures.managed.NO_CGROUP_V1`` when
-``CGROUP_V1_USABLE`` is false.
+``CGROUP_V1_USABLE`` is false. The controller and job processes themselves are the
+harness the benchmarks and reliability/ use too (bench/controller_process.py).
 """
 from __future__ import annotations
 
@@ -30,15 +31,8 @@ from typing import Callable, Iterator
 
 import pytest
 
-from fixtures.managed import (
-    CGROUP_V1_USABLE,
-    NO_CGROUP_V1,
-    Cleanup,
-    ControllerProcess,
-    JobProcess,
-    base_environment,
-    start_job as _start_job,
-)
+from bench.controller_process import Cleanup, ControllerProcess, JobProcess, base_environment, start_job as _start_job
+from fixtures.managed import CGROUP_V1_USABLE, NO_CGROUP_V1
 
 
 @pytest.fixture

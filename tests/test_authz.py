@@ -27,7 +27,7 @@ from adloader import protocol
 from adloader.client import ControllerClient
 from adloader.protocol import NodeSnapshot
 from controller.server import SocketInUse, prepare_socket_path
-from fixtures.managed import REPO, ControllerProcess, base_environment, wait_until
+from bench.controller_process import REPO, ControllerProcess, base_environment, wait_until
 
 Reply = tuple[str, "str | None"]
 

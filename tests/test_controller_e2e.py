@@ -16,7 +16,7 @@ from typing import Callable
 import psutil
 import pytest
 
-from fixtures.managed import REPO, ControllerProcess, base_environment, cgroup_of, wait_until
+from bench.controller_process import REPO, ControllerProcess, base_environment, cgroup_of, wait_until
 
 SLEEP = "import time; time.sleep(120)"
 BUSY = "while True: pass"

@@ -12,7 +12,7 @@ from typing import Callable
 
 from adloader import paths, protocol
 from adloader.client import ControllerClient
-from fixtures.managed import REPO, ControllerProcess, base_environment, wait_until
+from bench.controller_process import REPO, ControllerProcess, base_environment, wait_until
 
 SLEEP = (sys.executable, "-c", "import time; time.sleep(60)")
 

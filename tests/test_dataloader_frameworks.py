@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.managed import REPO, ControllerProcess, wait_until
+from bench.controller_process import REPO, ControllerProcess, wait_until
 
 SCRIPT = REPO / "tests" / "framework_job.py"
 OURS = "adloader.dataloader.loader.DataLoader"

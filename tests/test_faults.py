@@ -22,7 +22,7 @@ from reliability.node import Node
 from reliability.state import (
     run_on_unwritable_state_dir, saved_state, small_tmpfs, start_on_state, state_variants,
 )
-from fixtures.managed import ControllerProcess
+from bench.controller_process import ControllerProcess
 
 PERIOD = 0.5
 SETTLE_S = 2 * PERIOD + 3.0

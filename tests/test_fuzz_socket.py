@@ -15,7 +15,7 @@ import pytest
 
 from reliability.fuzz import FuzzDriver, expected, run_fuzz, templates
 from reliability.node import Node
-from fixtures.managed import ControllerProcess
+from bench.controller_process import ControllerProcess
 
 RSS_GROWTH_BOUND = 32 * 1024 * 1024
 """Generous: the bound is about leaks that grow with the number of messages (10,000 of

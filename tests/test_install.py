@@ -23,9 +23,8 @@ from typing import Iterator
 
 import pytest
 
-from fixtures.managed import (
-    CGROUP_ROOT, CGROUP_V1_USABLE, HIERARCHIES, NO_CGROUP_V1, REPO, cgroup_of, remove_test_group, wait_until,
-)
+from bench.controller_process import CGROUP_ROOT, HIERARCHIES, REPO, cgroup_of, remove_group, wait_until
+from fixtures.managed import CGROUP_V1_USABLE, NO_CGROUP_V1
 from test_deploy import _unit_entries, _unit_value
 
 pytestmark = pytest.mark.slow
@@ -42,7 +41,7 @@ def layout() -> Iterator[dict[str, Path]]:
     group = f"adloader-test-{uuid.uuid4().hex[:8]}"
     paths["group"] = Path(group)
     yield paths
-    remove_test_group(group)
+    remove_group(group)
     subprocess.run(["rm", "-rf", str(top)], check=False)
 
 

@@ -15,8 +15,13 @@ from typing import Callable
 
 import pytest
 
-from fixtures.managed import (
-    REPO, ControllerProcess, JobProcess, base_environment, default_signal_dispositions, wait_until,
+from bench.controller_process import (
+    REPO,
+    ControllerProcess,
+    JobProcess,
+    base_environment,
+    default_signal_dispositions,
+    wait_until,
 )
 from launcher.cli import load_features
 from launcher.run import default_name, exit_code_of, gpus_from_environment
@@ -84,7 +89,7 @@ def test_a_signal_the_launcher_inherited_ignored_stays_ignored_by_the_command(tm
     """``nohup adloader run -- CMD``: the command ignores SIGHUP as the launcher's parent asked,
     so a forwarded SIGHUP leaves it running (a test run under nohup once saw this as a launcher
     that "did not exit": the test's commands inherited the ignored SIGHUP, see
-    fixtures.managed.default_signal_dispositions)."""
+    bench.controller_process.default_signal_dispositions)."""
     ready = tmp_path / "ready"
 
     def nohup() -> None:

@@ -26,7 +26,7 @@ import pytest
 
 from controller.backends.placement import cgroups_of
 from controller.backends.cgroupfs import write_interface
-from fixtures.managed import CGROUP_ROOT, REPO, ControllerProcess, JobProcess, kill_members, wait_until
+from bench.controller_process import CGROUP_ROOT, REPO, ControllerProcess, JobProcess, kill_members, wait_until
 
 PERIOD = 0.5
 ALL = ("cpu", "cpuacct", "cpuset", "memory", "blkio", "freezer", "pids", "devices")

@@ -12,7 +12,7 @@ import pytest
 
 from reliability.load import run_load
 from reliability.node import Node
-from fixtures.managed import ControllerProcess
+from bench.controller_process import ControllerProcess
 
 
 @pytest.fixture

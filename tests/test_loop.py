@@ -13,7 +13,8 @@ from controller.backends.cgroup_v1 import CgroupV1Backend
 from controller.loop import ControlLoop, describe_change
 from controller.policies import JobAllocation, NodeResources, make_policy
 from controller.registry import Registry
-from fixtures.managed import CGROUP_ROOT, CGROUP_V1_USABLE, NO_CGROUP_V1, remove_test_group
+from bench.controller_process import CGROUP_ROOT, remove_group
+from fixtures.managed import CGROUP_V1_USABLE, NO_CGROUP_V1
 
 pytestmark = pytest.mark.skipif(not CGROUP_V1_USABLE, reason=NO_CGROUP_V1)
 NODE = NodeResources(cpus=(0,))
@@ -23,7 +24,7 @@ NODE = NodeResources(cpus=(0,))
 def backend() -> Iterator[CgroupV1Backend]:
     group = f"adloader-test-{uuid.uuid4().hex[:8]}"
     yield CgroupV1Backend(group=group, root=CGROUP_ROOT)
-    remove_test_group(group)
+    remove_group(group)
 
 
 def _add(registry: Registry, backend: CgroupV1Backend, job_id: str) -> None:

@@ -17,7 +17,7 @@ import torch
 from adloader import describe_model
 from controller.history import JobHistory
 from controller.node_memory import HISTORY_FILE, NodeMemory, detect_device
-from fixtures.managed import ControllerProcess, wait_until
+from bench.controller_process import ControllerProcess, wait_until
 
 REPORTING_JOB = str(Path(__file__).with_name("reporting_job.py"))
 LOADER_JOB = str(Path(__file__).with_name("loader_job.py"))

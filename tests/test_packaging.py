@@ -20,7 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.managed import CGROUP_V1_USABLE, NO_CGROUP_V1, REPO
+from bench.controller_process import REPO
+from fixtures.managed import CGROUP_V1_USABLE, NO_CGROUP_V1
 
 pytestmark = pytest.mark.slow
 

@@ -27,7 +27,8 @@ import pytest
 import yaml
 
 from controller.backends.blockdev import read_device_of
-from fixtures.managed import CGROUP_V1_USABLE, NO_CGROUP_V1, REPO, Cleanup, ControllerProcess, base_environment, wait_until
+from bench.controller_process import REPO, Cleanup, ControllerProcess, base_environment, wait_until
+from fixtures.managed import CGROUP_V1_USABLE, NO_CGROUP_V1
 
 DASHBOARD = REPO / "grafana" / "dashboards" / "adloader.json"
 SCRAPE_CONFIG = REPO / "grafana" / "prometheus" / "prometheus.yml"

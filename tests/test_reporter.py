@@ -17,7 +17,7 @@ from adloader.reporter import Reporter
 from controller.history import JobHistory
 from controller.node_memory import HISTORY_FILE
 
-from fixtures.managed import REPO, ControllerProcess, base_environment, wait_until
+from bench.controller_process import REPO, ControllerProcess, base_environment, wait_until
 
 SCRIPT = REPO / "tests" / "loader_job.py"
 

@@ -16,7 +16,7 @@ import pytest
 from adloader.protocol import NodeSnapshot
 from controller.policies import NodeResources, make_policy
 from controller.policies.base import JobView
-from fixtures.managed import ControllerProcess, wait_until
+from bench.controller_process import ControllerProcess, wait_until
 
 pytestmark = [pytest.mark.real_cgroups, pytest.mark.end_to_end]
 

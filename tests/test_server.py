@@ -8,7 +8,7 @@ import sys
 
 from adloader import protocol
 from adloader.client import ControllerClient
-from fixtures.managed import ControllerProcess, wait_until
+from bench.controller_process import ControllerProcess, wait_until
 from fixtures.processes import run_forked_as_nobody
 
 SLEEP = "import time; time.sleep(120)"

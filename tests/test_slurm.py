@@ -22,16 +22,8 @@ import pytest
 
 from controller.backends.placement import cgroups_of
 from adloader.cpuspec import parse_cpus
-from fixtures.managed import (
-    CGROUP_ROOT,
-    CGROUP_V1_USABLE,
-    NO_CGROUP_V1,
-    REPO,
-    Cleanup,
-    ControllerProcess,
-    base_environment,
-    wait_until,
-)
+from bench.controller_process import CGROUP_ROOT, REPO, Cleanup, ControllerProcess, base_environment, wait_until
+from fixtures.managed import CGROUP_V1_USABLE, NO_CGROUP_V1
 from fixtures.slurm import SlurmCluster
 
 PERIOD = 0.5

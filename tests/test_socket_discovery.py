@@ -24,7 +24,7 @@ import pytest
 from adloader import paths
 from adloader.client import connect_first
 from adloader.errors import ControllerUnavailable
-from fixtures.managed import REPO, ControllerProcess, base_environment, cgroup_of, wait_until
+from bench.controller_process import REPO, ControllerProcess, base_environment, cgroup_of, wait_until
 
 SYSTEM_SOCKET_TURN = Path("/tmp/adloader-test-system-socket.lock")
 

@@ -17,7 +17,7 @@ from adloader import __version__
 from adloader.client import ControllerClient
 from adloader.protocol import JobSnapshot, NodeSnapshot, decode_object
 from adloader.status import CLEAR_SCREEN, COLUMNS, EXIT_NO_CONTROLLER, effective_cores, fetch, render_table
-from fixtures.managed import ControllerProcess, base_environment, default_signal_dispositions, wait_until
+from bench.controller_process import ControllerProcess, base_environment, default_signal_dispositions, wait_until
 from fixtures.processes import run_forked_as_nobody
 
 REPO = Path(__file__).resolve().parent.parent

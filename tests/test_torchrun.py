@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.managed import REPO, ControllerProcess, wait_until
+from bench.controller_process import REPO, ControllerProcess, wait_until
 
 SCRIPT = REPO / "tests" / "loader_job.py"
 

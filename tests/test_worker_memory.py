@@ -19,7 +19,7 @@ import pytest
 
 from controller.policies import JobView
 from controller.worker_memory import WorkerMemory, read_meminfo
-from fixtures.managed import REPO, ControllerProcess, JobProcess, wait_until
+from bench.controller_process import REPO, ControllerProcess, JobProcess, wait_until
 
 MEMORY = Path("/sys/fs/cgroup/memory")
 MIB = 1 << 20
