@@ -25,7 +25,7 @@ import struct
 from multiprocessing import context as mp_context
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
-from typing import Any
+from typing import Any, NamedTuple
 
 _MAX_FDS_PER_MESSAGE = 250  # the kernel's SCM_MAX_FD is 253
 _HEADER = struct.Struct("!I")
@@ -57,9 +57,15 @@ class _DescriptorCollector:
         return len(self.fds) - 1
 
 
-def pickle_for_one_worker(obj: Any) -> tuple[bytes, list[int]]:
-    """Pickle ``obj`` as ``Process.start`` would for one child: returns the bytes and the descriptors
-    they refer to (which must stay open until :func:`send` has sent them)."""
+class WorkerPickle(NamedTuple):
+    """One worker's pickle and the descriptors it refers to (open until :func:`send` has sent them)."""
+
+    data: bytes
+    fds: list[int]
+
+
+def pickle_for_one_worker(obj: Any) -> WorkerPickle:
+    """Pickle ``obj`` as ``Process.start`` would for one child."""
     collector = _DescriptorCollector()
     previous = mp_context.get_spawning_popen()
     mp_context.set_spawning_popen(collector)
@@ -67,11 +73,12 @@ def pickle_for_one_worker(obj: Any) -> tuple[bytes, list[int]]:
         data = bytes(ForkingPickler.dumps(obj))
     finally:
         mp_context.set_spawning_popen(previous)
-    return data, collector.fds
+    return WorkerPickle(data, collector.fds)
 
 
-def send(conn: Connection, data: bytes, fds: list[int]) -> None:
+def send(conn: Connection, pickled: WorkerPickle) -> None:
     """Send one worker its pickle: a header with the descriptor count, the descriptors, then the bytes."""
+    fds = pickled.fds
     sock = socket.socket(fileno=conn.fileno())  # shares conn's descriptor; detached below, never closed
     try:
         sock.sendall(_HEADER.pack(len(fds)))
@@ -79,7 +86,7 @@ def send(conn: Connection, data: bytes, fds: list[int]) -> None:
             socket.send_fds(sock, [b"F"], fds[start:start + _MAX_FDS_PER_MESSAGE])
     finally:
         sock.detach()
-    conn.send_bytes(data)
+    conn.send_bytes(pickled.data)
 
 
 def receive(conn: Connection) -> Any:

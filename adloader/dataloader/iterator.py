@@ -227,9 +227,7 @@ class LoaderIterator:
             outcome = Outcome(skip=True)
         except Exception as exc:  # noqa: BLE001 - raised at this batch, as torch's single-process loader does
             outcome = Outcome(error=exc)
-        cpu, read = meter.delta()
-        self._counters.worker_cpu_s += cpu
-        self._counters.read_bytes += read
+        self._counters.add_usage(meter.delta())
         self.epoch.resolve(batch, outcome)
         return outcome
 

@@ -1,4 +1,5 @@
-"""The messages between the dispatcher and a loader worker, one typed class each.
+"""The messages between the dispatcher, a loader worker and the helper that forks workers, one typed
+class each.
 
 NamedTuples: named, typed fields for the reader, and pickled as cheaply as the plain tuples they
 replace (a batch's header is sent with every batch, so the small-batch loader pays for every byte).
@@ -9,6 +10,9 @@ bytes since its previous message (see stats.ResourceMeter).
   worker -> dispatcher: Ready, InitFailed, Result (then the batch itself as a separate message of
                         pickled bytes, so that a batch that cannot be rebuilt is still known by number),
                         Ended, Retired
+  training process -> helper (spawner.py): Spawn (the worker's end of its connection attached)
+  helper -> training process: Hello, Spawned, Exited
+Readers dispatch on the class and read fields by name, never by position.
 """
 from __future__ import annotations
 
@@ -16,8 +20,18 @@ from typing import Any, NamedTuple
 
 
 class Usage(NamedTuple):
+    """A process's (or thread's) CPU seconds and storage read bytes over some interval."""
+
     cpu_s: float
     read_bytes: int
+
+
+class WorkerIdentity(NamedTuple):
+    """What ``torch.utils.data.get_worker_info()`` reports in a worker."""
+
+    id: int
+    num_workers: int
+    seed: int
 
 
 class Task(NamedTuple):
@@ -69,5 +83,30 @@ class Retired(NamedTuple):
     usage: Usage
 
 
+class Spawn(NamedTuple):
+    """Fork one worker; ``token`` names it until its pid is known."""
+
+    token: int
+    identity: WorkerIdentity
+
+
+class Hello(NamedTuple):
+    """The helper got past its own start-up."""
+
+
+class Spawned(NamedTuple):
+    token: int
+    pid: int
+
+
+class Exited(NamedTuple):
+    """A worker was reaped; ``status`` is its wait status (os.waitstatus_to_exitcode)."""
+
+    pid: int
+    status: int
+
+
 FromWorker = Ready | InitFailed | Result | Ended | Retired
 ToWorker = Task | Retire | Stop
+FromHelper = Hello | Spawned | Exited
+HelperNews = Spawned | Exited

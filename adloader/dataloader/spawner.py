@@ -15,9 +15,9 @@ dataset once per worker, as torch does, and sends it down that worker's
 connection (handoff.py); each worker unpickles its own copy.
 
 Control socket (SOCK_SEQPACKET, so messages keep their boundaries and carry
-file descriptors):
-  main -> helper: (SPAWN, token, WorkerIdentity) with the worker's end of its connection attached
-  helper -> main: (HELLO,) once it runs, (SPAWNED, token, pid) and (EXITED, pid, wait status)
+file descriptors), with the typed messages of messages.py:
+  main -> helper: Spawn(token, identity) with the worker's end of its connection attached
+  helper -> main: Hello() once it runs, Spawned(token, pid) and Exited(pid, wait status)
 The helper reaps its children and reports each exit, which is how the
 dispatcher learns that a worker died and how (signal, exit code). Workers die
 with the helper (PR_SET_PDEATHSIG); the helper exits when the control socket
@@ -40,11 +40,11 @@ from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
 
 from adloader.dataloader.fetch import FetchSpec
-from adloader.dataloader.worker import WorkerIdentity, worker_main
+from adloader.dataloader.messages import Exited, FromHelper, Hello, HelperNews, Spawn, Spawned, WorkerIdentity
+from adloader.dataloader.worker import worker_main
 
 log = logging.getLogger(__name__)
 
-HELLO, SPAWN, SPAWNED, EXITED = "hello", "spawn", "spawned", "exited"
 _PR_SET_PDEATHSIG = 1
 _MAX_MESSAGE = 1 << 16
 _STOP_GRACE_S = 1.0
@@ -85,7 +85,7 @@ class WorkerSpawner:
         return self.process.pid
 
     def fileno(self) -> int:
-        """Readable when the helper has news (SPAWNED / EXITED); for multiprocessing.connection.wait."""
+        """Readable when the helper has news (Spawned / Exited); for multiprocessing.connection.wait."""
         return self._sock.fileno()
 
     @property
@@ -94,19 +94,19 @@ class WorkerSpawner:
         return self.process.sentinel
 
     def spawn(self, identity: WorkerIdentity) -> tuple[int, Connection]:
-        """Ask for one worker; returns (token, our end of its connection). The pid comes later as SPAWNED."""
+        """Ask for one worker; returns (token, our end of its connection). The pid comes later as Spawned."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         token = self._next_token
         self._next_token += 1
         try:
-            socket.send_fds(self._sock, [pickle.dumps((SPAWN, token, identity))], [theirs.fileno()])
+            socket.send_fds(self._sock, [pickle.dumps(Spawn(token, identity))], [theirs.fileno()])
         finally:
             theirs.close()
         return token, Connection(ours.detach())
 
-    def read_news(self) -> list[tuple]:
+    def read_news(self) -> list[HelperNews]:
         """Everything the helper has sent so far, without blocking. EOF (helper gone) gives []."""
-        news = []
+        news: list[HelperNews] = []
         while True:
             try:
                 data = self._sock.recv(_MAX_MESSAGE, socket.MSG_DONTWAIT)
@@ -116,8 +116,8 @@ class WorkerSpawner:
                 return news
             if not data:
                 return news
-            message = pickle.loads(data)
-            if message[0] == HELLO:
+            message: FromHelper = pickle.loads(data)
+            if isinstance(message, Hello):
                 self.started = True
             else:
                 news.append(message)
@@ -153,7 +153,7 @@ def _helper_main(sock: socket.socket, inherited_ends: list[int], payload: FetchS
     signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select() through the wakeup fd
     parent = os.getppid()
     children: set[int] = set()
-    _send(sock, (HELLO,))
+    _send(sock, Hello())
     while True:
         try:
             readable, _, _ = select.select([sock, wake_r], [], [], 1.0)
@@ -172,11 +172,11 @@ def _helper_main(sock: socket.socket, inherited_ends: list[int], payload: FetchS
             break
         if not data:
             break  # the training process closed the control socket
-        _, token, identity = pickle.loads(data)
-        pid = _fork_worker(fds[0], sock, (wake_r, wake_w), payload, identity, proc_root)
+        request: Spawn = pickle.loads(data)
+        pid = _fork_worker(fds[0], sock, (wake_r, wake_w), payload, request.identity, proc_root)
         os.close(fds[0])
         children.add(pid)
-        _send(sock, (SPAWNED, token, pid))
+        _send(sock, Spawned(request.token, pid))
     _stop_children(sock, children)
 
 
@@ -229,7 +229,7 @@ def _reap(sock: socket.socket, children: set[int]) -> None:
         if pid == 0:
             return
         children.discard(pid)
-        _send(sock, (EXITED, pid, status))
+        _send(sock, Exited(pid, status))
 
 
 def _stop_children(sock: socket.socket, children: set[int]) -> None:
@@ -250,7 +250,7 @@ def _stop_children(sock: socket.socket, children: set[int]) -> None:
             pass
 
 
-def _send(sock: socket.socket, message: tuple) -> None:
+def _send(sock: socket.socket, message: FromHelper) -> None:
     try:
         sock.send(pickle.dumps(message))
     except OSError:

@@ -1,4 +1,4 @@
-"""What the loader measures: cumulative counters, per-step timing, worker CPU and reads.
+"""What the loader measures: cumulative counters, per-step timing, worker CPU and reads, resize latency.
 
 Counters are cumulative since the loader was created (the controller diffs
 them, so a lost report loses nothing). Each counter has one writer: the
@@ -20,6 +20,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
+from adloader.dataloader.messages import Usage
+
 
 @dataclass
 class LoaderCounters:
@@ -38,6 +40,45 @@ class LoaderCounters:
     def copy(self) -> "LoaderCounters":
         return LoaderCounters(**{f.name: getattr(self, f.name) for f in fields(self)})
 
+    def add_usage(self, usage: Usage) -> None:
+        """Count a worker's (or the training thread's) CPU seconds and read bytes for its batches."""
+        self.worker_cpu_s += usage.cpu_s
+        self.read_bytes += usage.read_bytes
+
+
+class ResizeLatencies:
+    """Seconds from each ``set_num_workers`` that added a worker to that worker's first batch.
+
+    Appends to ``out`` (the loader's list, read by ``resize_latencies()``). Workers are named by the
+    pool's token for them; the owner serialises calls."""
+
+    def __init__(self, out: list[float], clock: Callable[[], float] = time.monotonic) -> None:
+        self._out = out
+        self._clock = clock
+        self._asked_at: float | None = None  # a grow was asked for and not yet acted on
+        self._waiting: dict[int, float] = {}  # token -> when its grow was asked for
+
+    def grow_asked(self) -> None:
+        self._asked_at = self._clock()
+
+    def started(self, token: int) -> None:
+        """A worker was started; it counts if a grow asked for it."""
+        if self._asked_at is not None:
+            self._waiting[token] = self._asked_at
+
+    def acted_on(self) -> None:
+        """Every worker the last grow asked for has been started (or could not be)."""
+        self._asked_at = None
+
+    def first_result(self, token: int) -> None:
+        """A worker delivered a batch; only its first one after being asked for is timed."""
+        asked_at = self._waiting.pop(token, None)
+        if asked_at is not None:
+            self._out.append(self._clock() - asked_at)
+
+    def forget(self, token: int) -> None:
+        self._waiting.pop(token, None)
+
 
 class ResourceMeter:
     """CPU seconds and storage read bytes since the previous call, of this process (in a worker) or of
@@ -50,10 +91,10 @@ class ResourceMeter:
         self._read = 0
         self._read = self._read_bytes()
 
-    def delta(self) -> tuple[float, int]:
+    def delta(self) -> Usage:
         cpu = self._cpu_clock()
         read = self._read_bytes()
-        delta = (max(0.0, cpu - self._cpu), max(0, read - self._read))
+        delta = Usage(cpu_s=max(0.0, cpu - self._cpu), read_bytes=max(0, read - self._read))
         self._cpu, self._read = cpu, read
         return delta
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 
 import torch
@@ -26,19 +25,9 @@ from torch._utils import ExceptionWrapper
 
 from adloader.dataloader import handoff, transfer
 from adloader.dataloader.fetch import FetchSpec, StreamEnded, fetch_iterable, fetch_map
-from adloader.dataloader.messages import Ended, InitFailed, Ready, Result, Retire, Retired, Task, Usage
+from adloader.dataloader.messages import Ended, InitFailed, Ready, Result, Retire, Retired, Task, WorkerIdentity
 from adloader.dataloader.seeding import MASK64, seed_all, seed_worker
 from adloader.dataloader.stats import ResourceMeter
-
-
-
-@dataclass(frozen=True)
-class WorkerIdentity:
-    """What ``torch.utils.data.get_worker_info()`` reports in this worker."""
-
-    id: int
-    num_workers: int
-    seed: int
 
 
 def worker_main(conn: Connection, spec: FetchSpec | None, identity: WorkerIdentity, proc_root: str) -> None:
@@ -50,9 +39,9 @@ def worker_main(conn: Connection, spec: FetchSpec | None, identity: WorkerIdenti
             spec = handoff.receive(conn)
         _become_worker(spec, identity)
     except Exception:
-        conn.send(InitFailed(ExceptionWrapper(where=f"in loader worker {identity.id} start-up"), Usage(*meter.delta())))
+        conn.send(InitFailed(ExceptionWrapper(where=f"in loader worker {identity.id} start-up"), meter.delta()))
         return
-    conn.send(Ready(os.getpid(), Usage(*meter.delta())))
+    conn.send(Ready(os.getpid(), meter.delta()))
     _serve(conn, spec, meter, identity.id)
 
 
@@ -82,22 +71,22 @@ def _serve(conn: Connection, spec: FetchSpec, meter: ResourceMeter, worker_id: i
             if isinstance(message, Task):
                 tasks.append(message)
             elif isinstance(message, Retire):
-                conn.send(Retired([task.batch for task in tasks], Usage(*meter.delta())))
+                conn.send(Retired([task.batch for task in tasks], meter.delta()))
                 tasks.clear()
             else:  # Stop
                 return
-        epoch, batch, payload, seed = tasks.popleft()
-        seed_all(seed)
+        task = tasks.popleft()
+        seed_all(task.seed)
         try:
             if spec.iterable:
-                if epoch != stream_epoch:
-                    stream, stream_epoch = iter(spec.dataset), epoch
-                data, n_samples = fetch_iterable(spec, stream, payload)
+                if task.epoch != stream_epoch:
+                    stream, stream_epoch = iter(spec.dataset), task.epoch
+                data, n_samples = fetch_iterable(spec, stream, task.payload)
             else:
-                data, n_samples = fetch_map(spec, payload)
+                data, n_samples = fetch_map(spec, task.payload)
             failed = False
         except StreamEnded:
-            conn.send(Ended(epoch, batch, Usage(*meter.delta())))
+            conn.send(Ended(task.epoch, task.batch, meter.delta()))
             continue
         except Exception:
             data, n_samples, failed = ExceptionWrapper(where=f"in loader worker {worker_id}"), 0, True
@@ -108,7 +97,7 @@ def _serve(conn: Connection, spec: FetchSpec, meter: ResourceMeter, worker_id: i
             n_samples, failed = 0, True
         del data
         try:
-            conn.send(Result(epoch, batch, n_samples, failed, Usage(*meter.delta())))
+            conn.send(Result(task.epoch, task.batch, n_samples, failed, meter.delta()))
             conn.send_bytes(pickled)
         except (BrokenPipeError, ConnectionResetError):
             return
