@@ -174,6 +174,14 @@ class JobSnapshot:
     max_sps_predicted_interval: tuple[float, float] | None = None
     max_sps_measured: float | None = None
     """M measured over each rank's whole run (the M the policy plans with)."""
+    cpu_s_per_sample: float | None = None
+    """Loader CPU seconds per sample (p) the policy plans with: measured over the last window,
+    else what an earlier controller measured (the state file), else the job's history."""
+    bytes_per_sample: float | None = None
+    """Bytes read from storage per sample (b), from the same sources as ``cpu_s_per_sample``."""
+    loading_curve: tuple[tuple[float, float], ...] = ()
+    """The loading curve the policy plans with, (cores, samples/s) points fitted to the job's
+    windows (those an earlier controller saw included); empty until there are enough."""
     gpu_idle_ratio: float | None = None
     """1 - achieved/max, clipped to [0, 1]."""
     data_wait_ratio: float | None = None

@@ -52,8 +52,8 @@ def snapshot_of(job: "Job", allocation: JobAllocations, pids: set[int]) -> JobSn
     """What ``adloader status`` and the metrics show: the applied limits, what failed to apply."""
     measured = job.measurement
     latest = measured.latest
-    max_measured = first_known(measured.max_throughput, job.restored.max_throughput)
-    max_tp = max_measured or (job.predicted[0] if job.predicted else None)
+    model = learnt_model_of(job)
+    max_tp = model.max_throughput or (job.predicted[0] if job.predicted else None)
     idle = None
     if measured.rates.achieved is not None and max_tp:
         idle = min(1.0, max(0.0, 1.0 - measured.rates.achieved / max_tp))
@@ -77,7 +77,9 @@ def snapshot_of(job: "Job", allocation: JobAllocations, pids: set[int]) -> JobSn
         workers_running=sum(r.num_workers for r in latest), achieved_sps=measured.rates.achieved,
         max_sps_predicted=job.predicted[0] if job.predicted else None,
         max_sps_predicted_interval=(job.predicted[1], job.predicted[2]) if job.predicted else None,
-        max_sps_measured=max_measured, gpu_idle_ratio=idle, data_wait_ratio=measured.rates.data_wait_ratio,
+        max_sps_measured=model.max_throughput, cpu_s_per_sample=model.cpu_s_per_sample,
+        bytes_per_sample=model.bytes_per_sample, loading_curve=job.loading_curve.points(),
+        gpu_idle_ratio=idle, data_wait_ratio=measured.rates.data_wait_ratio,
         samples_total=sum(r.samples for r in latest),
         data_wait_seconds_total=sum(r.data_wait_s for r in latest),
         compute_seconds_total=sum(r.compute_s for r in latest),

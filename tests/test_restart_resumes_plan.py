@@ -2,21 +2,28 @@
 control step brings back the same allocation (CPU weights, workers, throttles) from the
 state file's wanted/applied record and learnt models, with no even-share interlude.
 
-Real controller processes, real cgroups (v1 cpu.shares), real jobs that keep reporting
-through the outage (reliability/job.py under ``adloader run``)."""
+Real controller processes, real cgroups (v1 cpu.shares), real jobs that keep running
+through the outage (reliability/job.py under ``adloader run``). The jobs are paused
+(SIGSTOP) from just before the kill until the restarted controller has answered, so no
+report of theirs reaches it: what its status shows of their models (M, p, b, the
+loading curve) can only have come back from the state file."""
 from __future__ import annotations
 
+import os
 import re
+import signal
 import sys
 import time
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import pytest
 
-from adloader.protocol import NodeSnapshot
+from adloader.protocol import JobSnapshot, NodeSnapshot
+from bench.controller_process import ControllerProcess, JobProcess, wait_until
 from controller.policies import NodeResources, make_policy
 from controller.policies.base import JobView
-from bench.controller_process import ControllerProcess, wait_until
+from controller.state import LearntModel, StateStore
+from throughput_model.curves import LoadingCurveEstimator
 
 pytestmark = [pytest.mark.real_cgroups, pytest.mark.end_to_end]
 
@@ -30,6 +37,32 @@ JOB = (sys.executable, "-m", "reliability.job", "--seconds", "300", "--report-ev
 def _plan(status: NodeSnapshot) -> dict[str, tuple[int | None, int | None, int | None]]:
     """Each job's applied (cpu_weight, workers target, read throttle)."""
     return {job.job_id: (job.cpu_weight, job.workers_target, job.read_bps) for job in status.jobs}
+
+
+class Shown(NamedTuple):
+    """What status shows of a job's learnt model."""
+
+    max_sps: float | None
+    cpu_s_per_sample: float | None
+    bytes_per_sample: float | None
+    loading_curve: tuple[tuple[float, float], ...]
+
+
+def _shown(job: JobSnapshot) -> Shown:
+    return Shown(job.max_sps_measured, job.cpu_s_per_sample, job.bytes_per_sample, job.loading_curve)
+
+
+def _as_shown(saved: LearntModel) -> Shown:
+    """A saved model as status would show it: the loading curve fitted to the saved windows."""
+    curve = LoadingCurveEstimator()
+    curve.resume(saved.loading_observations)
+    return Shown(saved.max_throughput, saved.cpu_s_per_sample, saved.bytes_per_sample, curve.points())
+
+
+def _pause(jobs: list[JobProcess], signum: int) -> None:
+    """SIGSTOP or SIGCONT each launcher's session: the launcher and its training command."""
+    for job in jobs:
+        os.killpg(job.pid, signum)
 
 
 def _planned_from_models(controller: ControllerProcess) -> NodeSnapshot | None:
@@ -60,10 +93,23 @@ def test_a_restarted_controller_resumes_the_adaptive_plan_at_its_first_step(
     even = {job_id: (a.cpu_weight, a.workers, a.read_bps) for job_id, a in unmodelled.items()}
     assert plan != even, "the jobs' models should have moved the plan away from even shares"
 
-    controller.kill()
-    log_before = len(controller.log())
-    controller.start()  # answers only after its first control step: status shows that step
-    after = controller.status()
+    _pause([big, small], signal.SIGSTOP)
+    try:
+        controller.kill()
+        saved = StateStore(controller.state_dir).load().state
+        assert saved is not None, "the killed controller left no state file"
+        learnt = {job_id: _as_shown(saved.jobs[job_id].model) for job_id in ids}
+        for job_id, model in learnt.items():
+            assert model.max_sps and model.loading_curve, (job_id, model, "nothing learnt was saved")
+        log_before = len(controller.log())
+        controller.start()  # answers only after its first control step: status shows that step
+        after = controller.status()
+    finally:
+        _pause([big, small], signal.SIGCONT)
+    # No report from the paused jobs has been measured by this controller, yet its status
+    # shows their M, p, b and loading curve as the killed controller had learnt them.
+    assert all(job.ranks_reporting == 0 for job in after.jobs), after.jobs
+    assert {job.job_id: _shown(job) for job in after.jobs} == learnt
     assert _plan(after) == plan
     assert {job_id: controller.read("cpu", job_id, "cpu.shares") for job_id in ids} == shares
     assert after.reallocations_total == {"adoption": 1}
