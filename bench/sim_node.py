@@ -32,6 +32,8 @@ measured here for a 224 px JPEG job using 0.69 cores (docs/policies.md: quota 0.
 loader's mean use costs it 15%, one far below it costs it little beyond the cores."""
 MAIN_PROCESS_CORES = 0.2
 """Cores a rank's main process can use beyond its workers (collate, the training loop)."""
+STARTUP_CORES = 1.0
+"""Cores a starting job uses (one Python process importing and building its dataset)."""
 WINDOW_S = 5.0
 """The registry's measurement window."""
 DEFAULT_WEIGHT = 100
@@ -59,6 +61,11 @@ class SimJob:
     """Bytes read from the shared disk per sample (0: page cache)."""
     phases: tuple[tuple[float, float], ...] = ()
     """(seconds after arrival, loading-cost multiplier from then on)."""
+    startup_s: float = 0.0
+    """Seconds from arrival to its first batch asked for: the process starts (imports, dataset,
+    workers) using STARTUP_CORES, delivers nothing, is not seen by the controller (its first
+    report comes after) and is not in its busy fraction's wall (bench/report.py: the training
+    loop's duration)."""
 
     def cost(self, age_s: float) -> float:
         factor = 1.0
@@ -149,6 +156,7 @@ def simulate(node: SimNode, jobs: Sequence[SimJob], policy: Policy, seed: int = 
     net = SafetyNet(clock=clock) if safety_net else None
     resources = node.resources()
     pending = sorted(jobs, key=lambda j: j.arrival_s)
+    starting: list[_Live] = []
     live: dict[str, _Live] = {}
     finished: list[_Live] = []
     applied: dict[str, JobAllocation] = {}
@@ -157,7 +165,7 @@ def simulate(node: SimNode, jobs: Sequence[SimJob], policy: Policy, seed: int = 
     decision_s: list[float] = []
     counter = 0
     phase_changes = sorted(job.arrival_s + start for job in jobs for start, _ in job.phases)
-    while (pending or live) and now < horizon_s:
+    while (pending or starting or live) and now < horizon_s:
         step_events: set[str] = set()
         phased = False
         while phase_changes and phase_changes[0] <= now + 1e-9:
@@ -166,9 +174,11 @@ def simulate(node: SimNode, jobs: Sequence[SimJob], policy: Policy, seed: int = 
         while pending and pending[0].arrival_s <= now + 1e-9:
             spec = pending.pop(0)
             counter += 1
-            job = _Live(spec=spec, job_id=f"j{counter:04d}", m_bias=math.exp(rng.gauss(0.0, 0.02)))
+            starting.append(_Live(spec=spec, job_id=f"j{counter:04d}", m_bias=math.exp(rng.gauss(0.0, 0.02))))
+        for job in [j for j in starting if now - j.spec.arrival_s >= j.spec.startup_s - 1e-9]:
+            starting.remove(job)
             live[job.job_id] = job
-            step_events.add("arrival")
+            step_events.add("arrival")  # its first report: the controller learns of it now
         for job in [j for j in live.values() if j.done >= j.spec.samples]:
             job.ended_at = now
             finished.append(live.pop(job.job_id))
@@ -177,7 +187,7 @@ def simulate(node: SimNode, jobs: Sequence[SimJob], policy: Policy, seed: int = 
         if step_events or phased:
             events.append(now)
         if not live:
-            now = pending[0].arrival_s if pending else now
+            now = now + node.period_s if starting else pending[0].arrival_s if pending else now
             continue
         views = change_clock.annotate([_view(job, applied, now, node) for job in live.values()], step_events)
         start = time.perf_counter()
@@ -190,9 +200,9 @@ def simulate(node: SimNode, jobs: Sequence[SimJob], policy: Policy, seed: int = 
         change_clock.applied(applied)
         steps.append(StepRecord(t=now, allocations={
             live[j].spec.name: (a.cores, a.cpu_weight, a.workers) for j, a in applied.items()}))
-        _advance(node, live, applied, now, rng)
+        _advance(node, live, starting, applied, now, rng)
         now += node.period_s
-    for job in list(live.values()):
+    for job in [*live.values(), *starting]:
         job.ended_at = now
         finished.append(job)
     return SimResult(
@@ -219,12 +229,12 @@ def _view(job: _Live, applied: dict[str, JobAllocation], now: float, node: SimNo
     )
 
 
-def _advance(node: SimNode, live: dict[str, _Live], applied: dict[str, JobAllocation], now: float,
-             rng: random.Random) -> None:
-    """One period of the node: the kernel shares the cores, the disk is shared, jobs progress,
-    and each job's window is measured."""
-    demands: dict[str, float] = {}
-    weights: dict[str, float] = {}
+def _advance(node: SimNode, live: dict[str, _Live], starting: Sequence[_Live], applied: dict[str, JobAllocation],
+             now: float, rng: random.Random) -> None:
+    """One period of the node: the kernel shares the cores (starting jobs' processes at the
+    default weight), the disk is shared, jobs progress, and each job's window is measured."""
+    demands: dict[str, float] = {job.job_id: STARTUP_CORES for job in starting}
+    weights: dict[str, float] = {job.job_id: float(DEFAULT_WEIGHT) for job in starting}
     for job_id, job in live.items():
         a = applied.get(job_id, JobAllocation())
         age = now - job.spec.arrival_s

@@ -15,7 +15,9 @@ Two parts, both pure CPU, faster than real time, every figure SIMULATED:
 2. Check against reality: the shipped 2-core mix (bench/results/node.json) and the seeded
    random mixes (bench/results/node_random.json) replayed in the model with their jobs'
    measured costs; the simulated ratios adaptive/static and adaptive/even against the
-   measured ones, and by how much they differ.
+   measured ones, and by how much they differ. Each job spends STARTUP_S outside its
+   training loop (measured there), and a JPEG side between the measured ones costs what the
+   measured sides' fixed and per-pixel parts give (``jpeg_cost_s``).
 
 Model constants not measurable on two cores (parallel-efficiency loss per core at 64
 cores) are assumptions, named in sim_node.SimJob.
@@ -46,6 +48,11 @@ MEASURED_COST_S = {96: 0.00066, 224: 0.00164, 320: 0.00325, 448: 0.0062, 512: 0.
 curves for 96, 224 and 320 px; 448 and 512 px by the same per-pixel cost)."""
 RAW_READ_COST_S = 0.00045
 """CPU seconds per sample of a raw O_DIRECT reader (node.json, speech-io-1g)."""
+STARTUP_S = 3.0
+"""Seconds a job of the measured 2-core runs spent outside its training loop (job completion
+time less the loop's duration: process start, imports, dataset, workers, and its exit):
+median 3.0 s over the 336 job runs of bench/results/node.json and node_random.json, 2.0 to
+5.2 s between the 10th and 90th percentile (the figure depends little on the policy)."""
 DISK_BPS = 650e6
 """What the disk gave to O_DIRECT readers here (600-1000 MB/s measured; 637 MB/s in mix 5)."""
 
@@ -70,9 +77,22 @@ def scale_mix(cores: int, n_jobs: int, seed: int, gpus: int = 8) -> list[SimJob]
             samples=m * duration, arrival_s=0.0 if i < n_jobs // 2 else rng.uniform(0.0, 120.0),
             requested_workers=rng.choice([2, 4, 8, 16]) * g, batch_size=rng.choice([32, 64, 128]),
             phases=((duration / 2, 2.0),) if i == 0 else (),
-            python_cap=0.6 * m if i == 1 else math.inf,
+            python_cap=0.6 * m if i == 1 else math.inf, startup_s=STARTUP_S,
         ))
     return jobs
+
+
+def jpeg_cost_s(side_px: int) -> float:
+    """CPU seconds per sample of the JPEG pipeline for ``side_px``: linear in pixels between the
+    sides measured (a fixed part and a part per pixel: 96 px cost 0.66 ms, not the 0.28 ms its
+    pixels would at 224 px's rate), the last segment extended beyond them. Scaling the nearest
+    measured side by area made a 160 px job 1.83 ms instead of 1.05."""
+    knots = sorted((side * side, cost) for side, cost in MEASURED_COST_S.items())
+    pixels = side_px * side_px
+    for (x0, y0), (x1, y1) in zip(knots, knots[1:]):
+        if pixels <= x1 or (x1, y1) == knots[-1]:
+            return max(1e-6, y0 + (y1 - y0) * (pixels - x0) / (x1 - x0))
+    return knots[-1][1]
 
 
 def oracle_for(jobs: Sequence[SimJob]) -> OraclePolicy:
@@ -158,12 +178,11 @@ def jobs_from_measured_mix(document: dict[str, Any]) -> tuple[list[SimJob], floa
         elif spec.get("io_bound"):
             p, b = RAW_READ_COST_S, float(spec["image_px"] ** 2 * 3)
         else:
-            side = min(MEASURED_COST_S, key=lambda s: abs(s - spec["image_px"]))
-            p, b = MEASURED_COST_S[side] * (spec["image_px"] / side) ** 2, 0.0
+            p, b = jpeg_cost_s(spec["image_px"]), 0.0
         jobs.append(SimJob(name=spec["name"], gpus=spec["gpus"], max_throughput=m, cpu_s_per_sample=p,
                            samples=float(spec["samples"]), arrival_s=float(spec["arrival_s"]),
                            requested_workers=int(spec["num_workers"]), batch_size=int(spec["batch_size"]),
-                           bytes_per_sample=b, concavity=0.0))
+                           bytes_per_sample=b, concavity=0.0, startup_s=STARTUP_S))
     node = document.get("node", {})
     return jobs, node.get("read_bps"), float(node.get("period_s", 0.5))
 

@@ -1,0 +1,56 @@
+"""The node model of bench/sim_node.py and the measured inputs bench/simulate.py gives it.
+
+Pure: simulated clock, no sleeping. What is checked is the model's mechanics (a starting
+job is not seen, costs CPU, and is not in its busy fraction's wall; JPEG costs between
+the measured sides), not any figure of the report.
+"""
+from __future__ import annotations
+
+import pytest
+
+from bench.sim_node import STARTUP_CORES, SimJob, SimNode, simulate
+from bench.simulate import MEASURED_COST_S, jpeg_cost_s
+from controller.policies import make_policy
+from controller.policies.base import Allocation, JobView, NodeResources
+
+
+class _Recording:
+    """The static policy, remembering which jobs each step showed it."""
+
+    name = "static"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, ...]] = []
+        self._static = make_policy("static")
+
+    def allocate(self, node: NodeResources, jobs: list[JobView]) -> Allocation:
+        self.seen.append(tuple(sorted(job.name for job in jobs)))
+        return self._static.allocate(node, jobs)
+
+
+def test_a_starting_job_is_not_seen_costs_cpu_and_is_not_in_its_busy_wall() -> None:
+    node = SimNode(cores=1, period_s=1.0)
+    # "hungry" needs two cores: it takes every cycle the starting job's process leaves it
+    hungry = SimJob(name="hungry", gpus=1, max_throughput=200.0, cpu_s_per_sample=0.01, samples=200.0 * 60,
+                    requested_workers=4)
+    late = SimJob(name="late", gpus=1, max_throughput=10.0, cpu_s_per_sample=0.001, samples=100.0,
+                  arrival_s=10.0, startup_s=5.0)
+    policy = _Recording()
+    result = simulate(node, [hungry, late], policy, seed=1)
+    first_seen = next(n for n, names in enumerate(policy.seen) if "late" in names)
+    assert first_seen == 15  # arrival 10 s + start-up 5 s, one step a second
+    alone = simulate(node, [hungry], make_policy("static"), seed=1)
+    # while "late" started, its process took STARTUP_CORES of the one core at the same weight:
+    # half of it for five steps, 2.5 core-seconds, 2.5 s of "hungry" at 100 samples/s a core
+    assert STARTUP_CORES >= 0.5
+    assert 2.0 <= result.jobs["hungry"]["jct_s"] - alone.jobs["hungry"]["jct_s"] <= 4.0
+    assert result.jobs["late"]["jct_s"] >= 5.0 + result.jobs["late"]["wall_s"] - 1e-9
+
+
+def test_jpeg_costs_pass_through_the_measured_sides_and_lie_between_them() -> None:
+    for side, cost in MEASURED_COST_S.items():
+        assert jpeg_cost_s(side) == pytest.approx(cost)
+    assert MEASURED_COST_S[96] < jpeg_cost_s(160) < MEASURED_COST_S[224]
+    # a fixed part per sample: 160 px costs more than its pixels at 224 px's rate, less than at 96 px's
+    assert MEASURED_COST_S[224] * (160 / 224) ** 2 < jpeg_cost_s(160) < MEASURED_COST_S[96] * (160 / 96) ** 2
+    assert jpeg_cost_s(640) > MEASURED_COST_S[512]
