@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -70,6 +73,53 @@ def test_convolution_flops_match_the_formula() -> None:
     assert features["conv_depthwise_flops"] == 3 * depthwise
     assert features["conv_flops"] == 2 * dense  # the first layer needs no input gradient
     assert features["optimizer_ops"] == 0
+
+
+def _depthwise_1d(taps: int) -> nn.Module:
+    return nn.Conv1d(16, 16, taps, padding=taps // 2, groups=16, bias=False)
+
+
+@pytest.mark.parametrize("taps, forward_lowered, weight_grad_lowered", [(3, False, False), (5, False, True),
+                                                                       (15, True, True)])
+def test_wide_depthwise_convolutions_count_their_column_buffers(taps: int, forward_lowered: bool,
+                                                                weight_grad_lowered: bool) -> None:
+    """The forward pass of a depthwise convolution wider than 13 taps and its weight gradient wider
+    than 3 run as im2col + GEMM: each writes and reads a column buffer of taps x outputs."""
+    batch, length = 4, 100
+    features = describe(_depthwise_1d(taps), torch.randn(batch, 16, length), optimizer="none").features
+    column = batch * 16 * length * taps * 4
+    assert features["conv_depthwise_lowered"] == 2 * column * (int(forward_lowered) + int(weight_grad_lowered))
+    square = describe(nn.Conv2d(16, 16, 3, padding=1, groups=16), torch.randn(2, 16, 8, 8), optimizer="none")
+    assert square.features["conv_depthwise_lowered"] == 0
+
+
+_ONEDNN_PROBE = """
+import sys, torch
+conv = torch.nn.Conv1d(16, 16, int(sys.argv[1]), padding=int(sys.argv[1]) // 2, groups=16, bias=False)
+conv(torch.randn(2, 16, 256, requires_grad=True)).sum().backward()
+"""
+
+
+@pytest.mark.parametrize("taps", [3, 5, 13, 14, 15, 33])
+def test_the_lowering_rule_is_what_onednn_runs_here(taps: int) -> None:
+    """What the counting calls lowered is what oneDNN reports it ran as a GEMM (``gemm``), the rest
+    its direct depthwise kernel (``jit_dw``), pass by pass."""
+    env = {**os.environ, "ONEDNN_VERBOSE": "1", "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-c", _ONEDNN_PROBE, str(taps)], env=env, capture_output=True, text=True,
+                         timeout=120, check=True)
+    ran = {}
+    for line in run.stdout.splitlines():
+        fields = line.split(",")
+        if len(fields) > 6 and fields[2:5] == ["primitive", "exec", "cpu"] and fields[5] == "convolution":
+            ran[fields[7]] = fields[6]
+    if not any(impl.startswith("jit_dw") for impl in ran.values()):
+        pytest.skip(f"oneDNN on this CPU has no direct depthwise kernel (ran {ran or 'nothing'}): the rule is x86's")
+    features = describe(_depthwise_1d(taps), torch.randn(2, 16, 256), optimizer="none").features
+    outputs = 2 * 16 * (256 + 2 * (taps // 2) - taps + 1)
+    column = 2 * outputs * taps * 4  # written, then read back
+    lowered = {"forward_training": "gemm" in ran["forward_training"], "backward_weights": "gemm" in ran["backward_weights"]}
+    assert "jit_dw" in ran["backward_data"]
+    assert features["conv_depthwise_lowered"] == column * sum(lowered.values()), ran
 
 
 def test_attention_is_one_region_and_its_projections_stay_matmuls() -> None:

@@ -89,6 +89,19 @@ def test_a_class_no_training_family_shows_is_borrowed(corpus: dict) -> None:
     assert model.coefficients["rnn"][0] == model.coefficients["gemm"][0]
 
 
+def test_column_buffers_no_training_family_shows_cost_what_a_copy_does(corpus: dict) -> None:
+    """Only the audio family's wide depthwise convolutions run GEMM-lowered: with audio in training
+    the depthwise class fits its own column-buffer coefficient, with audio held out it takes the
+    coefficient of a plain copy's bytes (movement's roofline) rather than nothing."""
+    device = fit.corpus_device(corpus)
+    lowered = fit.TERMS.index("lowered")
+    seen = fit.fit(fit.points_of(corpus), device, with_interval=False)
+    unseen = fit.fit([p for p in fit.points_of(corpus) if p["family"] != "audio"], device, with_interval=False)
+    assert "borrowed" not in seen.sources["conv_depthwise"] and seen.coefficients["conv_depthwise"][lowered] > 0
+    assert unseen.coefficients["conv_depthwise"][lowered] == unseen.coefficients["movement"][0] > 0
+    assert "lowered from movement" in unseen.sources["conv_depthwise"]
+
+
 def test_fit_and_evaluate_end_to_end_on_a_subset(corpus: dict) -> None:
     small = _subset(corpus, ("mlp", "encoder", "vit"))
     result = evaluate.evaluate(small)

@@ -55,6 +55,17 @@ formula is reported."""
 FUSED_CLASSES = ("attention", "lstm", "rnn")
 SHAPE_CLASSES = ("conv", "conv_depthwise")
 """Classes decided by an op's arguments, not its name."""
+LOWERED_CLASSES = ("conv_depthwise",)
+"""Classes whose ops a CPU may run GEMM-lowered (im2col, then a GEMM): they also count ``lowered``."""
+
+DIRECT_DEPTHWISE_FORWARD_MAX_TAPS = 13
+DIRECT_DEPTHWISE_WEIGHT_GRAD_MAX_TAPS = 3
+"""Widest kernel (taps along one dimension) that oneDNN's direct depthwise kernels (``jit_dw``, x86)
+take for the forward pass and for the weight gradient; wider ones run GEMM-lowered (``gemm:jit``:
+im2col into a column buffer of kernel taps x outputs, then one small GEMM per channel). The gradient
+of the input always runs direct. Read off ``ONEDNN_VERBOSE=1`` with torch 2.13 on x86: a 3x3
+(MobileNet) depthwise convolution runs direct throughout, a 15-tap 1-D one (QuartzNet) lowered, at a
+fraction of the direct kernel's speed per FLOP that FLOPs and bytes alone cannot tell apart."""
 
 ALLOC_LARGE_BYTES = 4 * 1024 * 1024
 """Outputs at least this large that an op allocates (not in place) are counted as ``alloc``:
@@ -200,6 +211,9 @@ class ClassTally:
     """Ops as they decompose on the device counted (a probed RNN region scales them up)."""
     alloc: float = 0.0
     """Bytes of outputs of at least :data:`ALLOC_LARGE_BYTES` that ops allocated (not in place)."""
+    lowered: float = 0.0
+    """Bytes GEMM-lowered ops write to and read back from their im2col column buffers
+    (:data:`LOWERED_CLASSES` only)."""
     seconds: float = 0.0
     """Wall time inside the ops (only when the accountant was given a clock)."""
 
@@ -397,6 +411,8 @@ class StepAccountant(TorchDispatchMode):
             if tensor.is_sparse:  # a sparse result holds as many rows as what made it
                 self.sparse_sizes[id(tensor)] = nbytes
                 self._sparse_alive.append(tensor)
+        if cls in LOWERED_CLASSES:
+            tally.lowered += scale * lowered_bytes(name, args, out)
         if not _writes_in_place(func):
             tally.alloc += scale * sum(b for b in written if b >= ALLOC_LARGE_BYTES)
         moved = scale * (sum(read) + sum(written))
@@ -436,6 +452,25 @@ def bytes_moved(name: str, args: tuple, kwargs: dict, outputs: list[torch.Tensor
         return [size(t) if t.is_sparse else min(size(t), touched) for t in inputs], \
             [touched if t.is_sparse else min(size(t), touched) for t in outputs]
     return [size(t) for t in inputs], [size(t) for t in outputs]
+
+
+def lowered_bytes(name: str, args: tuple, out: Any) -> float:
+    """Column-buffer traffic (im2col writes it, the GEMM reads it back) of a depthwise convolution's
+    GEMM-lowered parts: the forward pass wider than :data:`DIRECT_DEPTHWISE_FORWARD_MAX_TAPS`, the
+    weight gradient wider than :data:`DIRECT_DEPTHWISE_WEIGHT_GRAD_MAX_TAPS`. Zero for direct ones."""
+    if name in ("convolution", "_convolution") and len(args) > 6 and not args[6]:
+        weight, output, limit = args[1], out, DIRECT_DEPTHWISE_FORWARD_MAX_TAPS
+    elif name == "convolution_backward" and len(args) > 10 and not args[7] and args[10][1]:
+        weight, output, limit = args[2], args[0], DIRECT_DEPTHWISE_WEIGHT_GRAD_MAX_TAPS
+    else:
+        return 0.0
+    if not isinstance(weight, torch.Tensor) or not isinstance(output, torch.Tensor) or weight.dim() < 3:
+        return 0.0
+    kernel = tuple(weight.shape[2:])
+    if max(kernel) <= limit:
+        return 0.0
+    column = output.shape[0] * output.shape[1] * math.prod(output.shape[2:]) * math.prod(kernel)
+    return 2.0 * column * output.element_size()
 
 
 def _is_sparse_embedding_gradient(name: str, args: tuple) -> bool:
@@ -512,6 +547,6 @@ def account_step(
 __all__ = [
     "OP_CLASSES", "COMPUTE_CLASSES", "PHASES", "ClassTally", "StepTally", "FusedRegions", "StepAccountant",
     "classify", "classify_name", "timed_key", "class_of_timed_key", "is_view", "op_name", "tensor_bytes",
-    "cpu_clock", "per_class", "FUSED_CLASSES", "SHAPE_CLASSES", "ALLOC_LARGE_BYTES", "bytes_moved",
+    "cpu_clock", "per_class", "FUSED_CLASSES", "SHAPE_CLASSES", "LOWERED_CLASSES", "lowered_bytes", "ALLOC_LARGE_BYTES", "bytes_moved",
     "AccountedStep", "account_step",
 ]

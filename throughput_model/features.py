@@ -24,6 +24,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from throughput_model.counting import (
     COMPUTE_CLASSES,
     FUSED_CLASSES,
+    LOWERED_CLASSES,
     OP_CLASSES,
     StepTally,
     account_step,
@@ -54,7 +55,9 @@ CLASS_KEYS: tuple[str, ...] = tuple(
 )
 """Per class: FLOPs (compute classes), bytes, ops, and large allocations (not for fused regions,
 whose meta-device decomposition allocates buffers the fused kernel does not)."""
-FEATURE_KEYS: tuple[str, ...] = GLOBAL_KEYS + CLASS_KEYS
+LOWERED_KEYS: tuple[str, ...] = tuple(f"{c}_lowered" for c in LOWERED_CLASSES)
+"""Column-buffer bytes of the classes a CPU may run GEMM-lowered (see :func:`counting.lowered_bytes`)."""
+FEATURE_KEYS: tuple[str, ...] = GLOBAL_KEYS + CLASS_KEYS + LOWERED_KEYS
 MAX_KEYS = 64
 assert len(FEATURE_KEYS) <= MAX_KEYS
 
@@ -148,6 +151,8 @@ def describe(
         features[f"{cls}_ops"] = float(counts.ops)
         if cls not in FUSED_CLASSES:
             features[f"{cls}_alloc"] = counts.alloc
+        if cls in LOWERED_CLASSES:
+            features[f"{cls}_lowered"] = counts.lowered
     return Description(features, tuple(notes), time.perf_counter() - started, tuple(sorted(tally.unformulated)))
 
 

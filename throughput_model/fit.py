@@ -6,16 +6,21 @@ The model, for a device with peak FLOP/s P, memory bandwidth BW and per-op cost 
                                  + v_c * min(F_c/P, B_c/BW)     what compute and memory fail to overlap
                                  + o_c * n_c * tau              fixed cost per op
                                  + m_c * A_c/BW                 fresh large buffers (page faults)
+                                 + l_c * L_c/BW                 im2col buffers of GEMM-lowered ops
 
 F_c, B_c, n_c are the class's FLOPs, bytes and op count, A_c the bytes of the large buffers its
-ops allocate (features). The untuned prior is r = o = 1, v = m = 0. The coefficients are
+ops allocate, L_c the column-buffer traffic of ops the CPU runs GEMM-lowered (a wide depthwise
+convolution; features). The untuned prior is r = o = l = 1, v = m = 0. The coefficients are
 dimensionless (1 = runs at the device's peak) and learned per operator class from the
 per-class times the profiler measured, never per family, so a new architecture made of
 known operator classes is predicted from what those classes cost elsewhere. Each class
 is a non-negative least-squares fit (scikit-learn ``LinearRegression(positive=True)``)
 weighted by 1/step time. A class the corpus barely shows borrows its coefficients
 from its physical neighbours (an RNN's FLOPs cost what a GEMM's do, its bytes what an
-element-wise op's do); with nothing to borrow it keeps the untuned roofline prior.
+element-wise op's do); with nothing to borrow it keeps the untuned roofline prior. So does a
+term the corpus barely shows within a fitted class: a family whose depthwise convolutions are
+the only GEMM-lowered ones, held out, leaves nothing to fit ``l`` from, and its column traffic
+then costs what a plain copy's bytes cost (``movement``'s roofline coefficient).
 
 The prediction interval comes from leave-one-family-out residuals on the corpus
 itself. The corpus is JSON data; the fitted model is rebuilt from it on first use
@@ -34,11 +39,11 @@ from typing import Iterable, Mapping
 import numpy as np
 from sklearn.linear_model import LinearRegression
 
-from throughput_model.counting import OP_CLASSES, class_of_timed_key
+from throughput_model.counting import LOWERED_CLASSES, OP_CLASSES, class_of_timed_key
 from throughput_model.devices import Device, cpu_device
 from throughput_model.errors import CorpusError
 
-TERMS = ("roofline", "overlap", "ops", "alloc")
+TERMS = ("roofline", "overlap", "ops", "alloc", "lowered")
 
 BORROW: dict[str, tuple[str, str, str, str]] = {
     "conv": ("gemm", "gemm", "gemm", "elementwise"),
@@ -52,6 +57,11 @@ BORROW: dict[str, tuple[str, str, str, str]] = {
 """Where a class with too little data takes each term's coefficient from (a fused LSTM costs
 what a GEMM does per FLOP and what an attention region does per decomposed op); classes not
 listed borrow from "elementwise"."""
+
+LOWERED_DONOR = ("movement", TERMS.index("roofline"))
+"""The lowered term, shown too little, costs what a plain copy's bytes do: im2col is a copy."""
+PRIOR = (1.0, 0.0, 1.0, 0.0, 1.0)
+"""The untuned coefficient of each term."""
 
 SINGLE_KERNEL_CLASSES = ("lstm",)
 """Classes that run as one fused kernel on CPUs (oneDNN) and GPUs (cuDNN) alike: the bytes of
@@ -101,6 +111,7 @@ def class_terms(features: Mapping[str, float], device: Device) -> dict[str, np.n
             min(compute, memory),
             features.get(f"{c}_ops", 0.0) * device.op_overhead_s,
             features.get(f"{c}_alloc", 0.0) / device.memory_bandwidth,
+            features.get(f"{c}_lowered", 0.0) / device.memory_bandwidth,
         ])
     return terms
 
@@ -126,7 +137,7 @@ def allreduce_seconds(features: Mapping[str, float], gpus: int, device: Device) 
 # ---------------------------------------------------------------- the fitted model
 
 
-Coefficients = tuple[float, float, float, float]
+Coefficients = tuple[float, float, float, float, float]
 
 
 @dataclass(frozen=True)
@@ -154,7 +165,9 @@ class FittedModel:
         lines = [f"per-class coefficients (1.0 = the device's peak; device: {self.device.source})",
                  f"{'class':<14}" + "".join(f"{t:>10}" for t in TERMS) + "  source"]
         for c in OP_CLASSES:
-            lines.append(f"{c:<14}" + "".join(f"{v:>10.3f}" for v in self.coefficients[c]) + f"  {self.sources[c]}")
+            shown = [f"{v:>10.3f}" if term != "lowered" or c in LOWERED_CLASSES else f"{'-':>10}"
+                     for term, v in zip(TERMS, self.coefficients[c])]
+            lines.append(f"{c:<14}" + "".join(shown) + f"  {self.sources[c]}")
         low, high = self.log_interval
         lines.append(f"90% interval of measured/predicted step time (held-out families): "
                      f"{math.exp(low):.2f}x .. {math.exp(high):.2f}x")
@@ -187,29 +200,49 @@ class Design:
 
 
 def fit_coefficients(design: Design, rows: np.ndarray) -> tuple[dict[str, Coefficients], dict[str, str]]:
-    """Fit every class that the ``rows`` show enough of; borrow or keep the prior for the rest."""
+    """Fit every class that the ``rows`` show enough of, on the terms they show enough of; borrow
+    or keep the prior for the rest."""
     steps = design.steps[rows]
     weights = 1.0 / np.maximum(steps, 1e-9)  # between absolute and relative error: big steps count more
-    coefficients: dict[str, Coefficients] = {}
+    fitted: dict[str, list[float | None]] = {}
     sources: dict[str, str] = {}
     for c in OP_CLASSES:
         y = design.y[c][rows]
         shown = int(np.sum(y >= MIN_SHARE * steps))
         if shown < MIN_POINTS:
             continue
+        X = design.X[c][rows]
+        terms = [t for t, term in enumerate(TERMS) if term != "lowered" or _shown(X[:, t], steps)]
         regression = LinearRegression(positive=True, fit_intercept=False)
-        regression.fit(design.X[c][rows], y, sample_weight=weights)
-        coefficients[c] = tuple(float(v) for v in regression.coef_)  # type: ignore[assignment]
+        regression.fit(X[:, terms], y, sample_weight=weights)
+        fitted[c] = [None] * len(TERMS)
+        for t, value in zip(terms, regression.coef_):
+            fitted[c][t] = float(value)
         sources[c] = f"fitted ({shown} points)"
+    coefficients: dict[str, Coefficients] = {}
     for c in OP_CLASSES:
-        if c in coefficients:
-            continue
-        donors = BORROW.get(c, ("elementwise",) * len(TERMS))
-        fitted = [d if d in coefficients and sources[d].startswith("fitted") else "prior" for d in donors]
-        coefficients[c] = tuple(  # type: ignore[assignment]
-            coefficients[d][term] if d != "prior" else 1.0 for term, d in enumerate(fitted))
-        sources[c] = "borrowed from " + "/".join(fitted)
+        donors = BORROW.get(c, ("elementwise",) * (len(TERMS) - 1))
+        values, borrowed = [], []
+        for t, term in enumerate(TERMS):
+            own = fitted.get(c, [None] * len(TERMS))[t]
+            if own is not None or (term == "lowered" and c not in LOWERED_CLASSES):
+                values.append(own or 0.0)  # a class that never runs GEMM-lowered has no lowered term
+                continue
+            donor, donor_term = LOWERED_DONOR if term == "lowered" else (donors[t], t)
+            value = fitted.get(donor, [None] * len(TERMS))[donor_term]
+            values.append(PRIOR[t] if value is None else value)
+            borrowed.append(f"{term} from {'prior' if value is None else donor}")
+        coefficients[c] = tuple(values)  # type: ignore[assignment]
+        if c not in sources:
+            sources[c] = "borrowed: " + ", ".join(borrowed)
+        elif borrowed:
+            sources[c] += "; borrowed " + ", ".join(borrowed)
     return coefficients, sources
+
+
+def _shown(column: np.ndarray, steps: np.ndarray) -> bool:
+    """Whether a term is at least :data:`MIN_SHARE` of the step (at coefficient 1) in :data:`MIN_POINTS` rows."""
+    return int(np.sum(column >= MIN_SHARE * steps)) >= MIN_POINTS
 
 
 def fit(points: list[dict], device: Device, with_interval: bool = True) -> FittedModel:
