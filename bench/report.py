@@ -39,6 +39,12 @@ SETTLE_CORES = 0.05
 LABEL = "GPU-emulated"
 
 
+def _startup_s(timeline: dict[str, Any]) -> float | None:
+    """Seconds from the job's process start to its training loop (imports, dataset, workers)."""
+    start, loop = timeline.get("process_start"), timeline.get("loop_start")
+    return loop - start if isinstance(start, (int, float)) and isinstance(loop, (int, float)) else None
+
+
 def score_run(run: RunOutcome) -> dict[str, Any]:
     """The metrics of one run, plus each job's own."""
     jobs = {}
@@ -56,6 +62,12 @@ def score_run(run: RunOutcome) -> dict[str, Any]:
             "jct_s": (outcome.ended_s or 0.0) - outcome.spec.arrival_s,
             "samples": timeline.get("samples", 0),
             "loader_cpu_s": timeline.get("cpu_s"),
+            # where the job's GPU idled (the simulator's check against reality needs them apart):
+            # waiting for batches, waking late from its steps on a contended CPU, and starting
+            "wait_s": timeline.get("wait_s"),
+            "sleep_overrun_s": timeline.get("sleep_overrun_s"),
+            "loop_s": timeline.get("loop_s"),
+            "startup_s": _startup_s(timeline),
         }
     makespan = max((o.ended_s or 0.0) for o in run.jobs) - min(o.spec.arrival_s for o in run.jobs)
     settle = settle_times(run)

@@ -129,6 +129,17 @@ class SimResult:
         return weighted / wall if wall > 0 else 0.0
 
 
+@dataclass
+class SimClock:
+    """The simulated time, for what the simulation drives: the loop hooks, and a benchmark
+    policy that needs it (bench/simulate.py's phase-aware oracle)."""
+
+    now: float = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @dataclass(frozen=True)
 class SimNode:
     cores: int
@@ -147,11 +158,12 @@ class SimNode:
 
 
 def simulate(node: SimNode, jobs: Sequence[SimJob], policy: Policy, seed: int = 0,
-             horizon_s: float = 3600.0, safety_net: bool = True) -> SimResult:
-    """Run ``jobs`` on ``node`` under ``policy`` until every job is done (or ``horizon_s``)."""
+             horizon_s: float = 3600.0, safety_net: bool = True, clock: SimClock | None = None) -> SimResult:
+    """Run ``jobs`` on ``node`` under ``policy`` until every job is done (or ``horizon_s``);
+    ``clock`` is kept at the simulated time of each step."""
     rng = random.Random(seed)
     now = 0.0
-    clock = lambda: now  # noqa: E731 - the simulated clock the loop hooks read
+    clock = clock if clock is not None else SimClock()
     change_clock = ChangeClock(clock=clock)
     net = SafetyNet(clock=clock) if safety_net else None
     resources = node.resources()
@@ -189,6 +201,7 @@ def simulate(node: SimNode, jobs: Sequence[SimJob], policy: Policy, seed: int = 
         if not live:
             now = now + node.period_s if starting else pending[0].arrival_s if pending else now
             continue
+        clock.now = now
         views = change_clock.annotate([_view(job, applied, now, node) for job in live.values()], step_events)
         start = time.perf_counter()
         wanted = {v.job_id: JobAllocation() for v in views}

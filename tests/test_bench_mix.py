@@ -89,7 +89,8 @@ def _outcome(name: str, gpus: int, arrival: float, ended: float, steps: list[tup
     busy = sum(s[2] for s in steps)
     loop = steps[-1][0] + steps[-1][2]
     timeline = {"busy_s": busy, "loop_s": loop, "samples": 32 * len(steps), "steps": steps,
-                "loop_start": loop_start, "cpu_s": 1.0}
+                "loop_start": loop_start, "process_start": loop_start - 2.5, "cpu_s": 1.0,
+                "wait_s": sum(s[1] for s in steps), "sleep_overrun_s": 0.1}
     return JobOutcome(spec=spec, launched_s=arrival, ended_s=ended, exit_code=0, timeline=timeline)
 
 
@@ -114,6 +115,11 @@ def test_a_run_is_scored_gpu_weighted() -> None:
     assert score["samples_per_s"] == pytest.approx(32 * 15 / 11.0)
     assert score["controller_cpu_pct"] == pytest.approx(100 * 0.2 / 11.0)
     assert score["jobs"]["b"]["busy_fraction"] == pytest.approx(1.0)
+    # where a's GPU idled, apart: waiting for batches, waking late, starting
+    assert score["jobs"]["a"]["wait_s"] == pytest.approx(5.0)
+    assert score["jobs"]["a"]["sleep_overrun_s"] == pytest.approx(0.1)
+    assert score["jobs"]["a"]["startup_s"] == pytest.approx(2.5)
+    assert score["jobs"]["a"]["loop_s"] == pytest.approx(10.0)
 
 
 def test_settling_is_measured_from_each_change_of_the_job_set() -> None:
