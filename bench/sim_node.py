@@ -253,7 +253,8 @@ def _advance(node: SimNode, live: dict[str, _Live], starting: Sequence[_Live], a
         age = now - job.spec.arrival_s
         workers = a.workers if a.workers is not None else job.spec.requested_workers
         cap = workers + MAIN_PROCESS_CORES
-        need = min(cap, job.spec.cores_for(job.spec.max_throughput, age))
+        # what it can use: a loader bound by Python leaves its workers waiting on a full queue
+        need = min(cap, job.spec.cores_for(min(job.spec.max_throughput, job.spec.python_cap), age))
         if a.cores is not None and need > 0:
             need = need * quota_share(a.cores / need)
         demands[job_id] = need

@@ -54,3 +54,15 @@ def test_jpeg_costs_pass_through_the_measured_sides_and_lie_between_them() -> No
     # a fixed part per sample: 160 px costs more than its pixels at 224 px's rate, less than at 96 px's
     assert MEASURED_COST_S[224] * (160 / 224) ** 2 < jpeg_cost_s(160) < MEASURED_COST_S[96] * (160 / 96) ** 2
     assert jpeg_cost_s(640) > MEASURED_COST_S[512]
+
+
+def test_a_python_bound_loader_takes_only_the_cores_it_can_use() -> None:
+    node = SimNode(cores=4, period_s=1.0)
+    # the Python-bound job could use 4 cores for its M but delivers at most 100 samples/s (1 core)
+    bound = SimJob(name="bound", gpus=1, max_throughput=400.0, cpu_s_per_sample=0.01, samples=100.0 * 60,
+                   requested_workers=8, concavity=0.0, python_cap=100.0)
+    hungry = SimJob(name="hungry", gpus=1, max_throughput=400.0, cpu_s_per_sample=0.01, samples=300.0 * 60,
+                    requested_workers=8, concavity=0.0)
+    result = simulate(node, [bound, hungry], make_policy("static"), seed=1)
+    # at equal weights the kernel would split 2:2 if both spun; "bound" leaves 3 cores to "hungry"
+    assert result.jobs["hungry"]["busy_s"] / result.jobs["hungry"]["wall_s"] == pytest.approx(0.75, abs=0.01)
