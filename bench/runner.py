@@ -18,7 +18,6 @@ fair share between jobs.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import sys
@@ -38,7 +37,6 @@ from controller.backends.cgroupfs import write_interface
 from controller.policies.oracle import CURVES_VAR
 from controller.snapshot import NodeSnapshot
 
-log = logging.getLogger(__name__)
 
 POLL_S = 0.5
 GROUP_CPU_SHARES = 64 * 1024
