@@ -8,10 +8,12 @@ Per run (all numbers GPU-emulated: a job's GPU step is a sleep):
 - ``makespan_s``: first arrival to the last job's exit;
 - ``mean_jct_s``: mean of (exit − arrival) over jobs;
 - ``controller_cpu_pct``: the controller's CPU time / run wall time, % of one core;
-- ``settle_s``: after each arrival (a job's first report: before it, nothing about it
-  is known) or departure, how long until no job's allocation moved any more before
-  the next event: its workers, its quota or its CPU weight (by more than 0.05 cores,
-  a weight of 100 being one core; "none" counts as a value); the largest is reported;
+- ``settle_s``: after each event (a job registers, a job's first report arrives, a job
+  departs), how long until no job's allocation moved any more before the next event: its
+  workers, its quota or its CPU weight (by more than 0.05 cores, a weight of 100 being
+  one core; "none" counts as a value); the largest is reported. A change is charged to
+  the latest event before it: the even share a registering job gets is its registration's,
+  not the previous arrival's;
 - ``changes_per_job_minute``: how often a job's quota, CPU weight or workers changed
   (after its first allocation), per minute of job lifetime, summed over jobs.
 
@@ -83,18 +85,22 @@ def score_run(run: RunOutcome) -> dict[str, Any]:
             [(t, {name: (f.get("cores"), f.get("cpu_weight"), f.get("workers")) for name, f in js.items()})
              for t, js in run.samples]),
         "jobs": jobs,
-        "allocations": [[t, {name: [f.get("cores"), f.get("cpu_weight"), f.get("workers"), f.get("read_bps")]
+        "allocations": [[t, {name: [f.get("cores"), f.get("cpu_weight"), f.get("workers"), f.get("read_bps"),
+                                    f.get("state")]
                              for name, f in js.items()}] for t, js in run.samples],
-        "allocations_fields": ["cores", "cpu_weight", "workers", "read_bps"],
+        "allocations_fields": ["cores", "cpu_weight", "workers", "read_bps", "state"],
     }
 
 
 def settle_times(run: RunOutcome) -> list[float]:
-    """For each change of the job set seen in the status samples, seconds until the
-    allocation stopped moving (cores within SETTLE_CORES of their final value before
-    the next change of the job set)."""
+    """For each event seen in the status samples (a job registers, reports first, or
+    departs), seconds until the allocation stopped moving (every job's limits within the
+    tolerances of ``_moved`` of their values before the next event). Registration and first
+    report are separate events: counted from the first report alone, the even share given to
+    a job registering in the meantime was charged to an earlier arrival (seeded random mix 5's
+    9.6 s was the even share of a job registering 9.6 s after the first one reported)."""
     samples = [(t, {name: (f.get("cores"), f.get("workers"), f.get("cpu_weight")) for name, f in jobs.items()},
-                {name for name, f in jobs.items() if f.get("state", "running") == "running"})
+                frozenset((name, f.get("state", "running")) for name, f in jobs.items()))
                for t, jobs in run.samples]
     events = [i for i in range(1, len(samples)) if samples[i][2] != samples[i - 1][2]]
     result = []
@@ -104,13 +110,11 @@ def settle_times(run: RunOutcome) -> list[float]:
         if not window or not window[0][1]:
             continue
         final = window[-1][1]
-        settled_at = window[0][0]
-        for t, given, _ in window:
-            if any(_moved(given.get(name), final[name]) for name in final):
-                settled_at = t
-        # the sample after the last one that differed is when it was settled
-        later = [t for t, _, _ in window if t > settled_at]
-        result.append(round((later[0] if later else settled_at) - window[0][0], 3))
+        differed = [i for i, (_, given, _) in enumerate(window)
+                    if any(_moved(given.get(name), final[name]) for name in final)]
+        # settled at the sample after the last one that differed; at once if none did
+        settled_at = window[differed[-1] + 1][0] if differed else window[0][0]
+        result.append(round(settled_at - window[0][0], 3))
     return result
 
 

@@ -128,6 +128,19 @@ def test_settling_is_measured_from_each_change_of_the_job_set() -> None:
     assert settle_times(_run("adaptive", 0.5)) == [0.5, 0.0]
 
 
+def test_a_registering_job_is_an_event_of_its_own() -> None:
+    # a reports at 0; b registers at 6 (an even share for both at once), reports at 8, and
+    # the plan settles at 9: a's arrival settled at once, b's registration too, b's report at 9
+    a, b = {"cores": 2.0, "state": "running"}, {"cores": 1.0, "state": "starting"}
+    samples = [(0.0, {"a": a}), (3.0, {"a": a}), (6.0, {"a": {**a, "cores": 1.0}, "b": b}),
+               (7.0, {"a": {**a, "cores": 1.0}, "b": b}), (8.0, {"a": {**a, "cores": 1.0}, "b": {**b, "state": "running"}}),
+               (8.5, {"a": {**a, "cores": 0.5}, "b": {"cores": 1.5, "state": "running"}}),
+               (9.0, {"a": {**a, "cores": 0.5}, "b": {"cores": 1.5, "state": "running"}})]
+    run = RunOutcome(policy="adaptive", repeat=0, started_at=0.0, jobs=[], controller_cpu_s=0.0, wall_s=9.0,
+                     samples=[(0.0, {})] + samples)
+    assert settle_times(run) == [0.0, 0.0, 0.5]
+
+
 def test_busy_series_follows_the_compute_intervals() -> None:
     steps = [(0.0, 0.0, 1.0), (1.0, 0.0, 0.5), (2.0, 0.5, 0.5)]
     xs, ys = busy_series({"steps": steps}, offset_s=10.0, window_s=1.0, step_s=1.0)
