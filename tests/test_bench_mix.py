@@ -197,3 +197,21 @@ def test_without_matplotlib_the_plot_says_how_to_get_it(tmp_path: Path, monkeypa
     with pytest.raises(PlotUnavailable, match=r"matplotlib is not installed; pip install 'adloader\[plot\]'"):
         plot(tmp_path / "x.png", [], ["even"], "title")
     assert not (tmp_path / "x.png").exists()
+
+
+def test_the_random_summary_judges_every_mix_by_the_issue_goals() -> None:
+    from bench.node import random_summary
+
+    def mix(vs_static: float, vs_even: float, settles: list[float]) -> dict:
+        return {"ratios": {"adaptive": {"vs_static": {"gpu_busy": vs_static}, "vs_even": {"gpu_busy": vs_even}}},
+                "policies": {"adaptive": {"repeats": [{"settle_s": s} for s in settles]}}}
+
+    summary = random_summary([mix(1.2, 1.3, [1.0, 2.0]), mix(0.97, 1.1, [4.0, 6.5]), mix(1.04, 1.0, [0.5, 0.5])],
+                             planned=20)
+    goals = summary["goals"]
+    assert goals["worst_vs_static"] == {"value": 0.97, "bar": ">= 0.98", "met": False}
+    assert goals["worst_vs_even"]["met"] and goals["worst_vs_even"]["value"] == 1.0
+    assert goals["median_vs_static"] == {"value": 1.04, "bar": ">= 1.05", "met": False}
+    assert goals["slowest_settle_s"] == {"value": 6.5, "bar": "<= 5", "met": False}
+    assert (summary["mixes_done"], summary["mixes_planned"]) == (3, 20)
+    assert sum("MISSED" in line for line in summary["verdicts"]) == 3
