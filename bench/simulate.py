@@ -13,7 +13,11 @@ Two parts, both pure CPU, faster than real time, every figure SIMULATED:
    oracle_phased: the oracle re-searched on the true curves whenever a job changes phase, the
    bound for a controller that follows phases):
    GPU-weighted busy fraction, slowest settle after an arrival or departure, allocation
-   changes per job-minute, decision time per step, safety-net reverts.
+   changes per job-minute, decision time per step, safety-net reverts. ``oracle`` is the
+   better of the static splits best for the jobs' first and for their last phases.
+   Crossing phases (``crossing_mix``): oversubscribed mixes in which every job changes phase,
+   half of them dearer and half cheaper, where a split cannot serve both phases; static,
+   adaptive, oracle and oracle_phased.
 2. Check against reality: the shipped 2-core mix (bench/results/node.json) and the seeded
    random mixes (bench/results/node_random.json) replayed in the model with their jobs'
    measured costs; the simulated ratios adaptive/static and adaptive/even against the
@@ -45,6 +49,7 @@ from controller.policies.shares import JobModel, with_plan_margin
 from throughput_model.curves import concave_lines
 
 POLICIES = ("static", "even", "adaptive", "oracle", "oracle_phased")
+CROSSING_POLICIES = ("static", "adaptive", "oracle", "oracle_phased")
 RESULTS = Path(__file__).resolve().parent / "results"
 MEASURED_COST_S = {96: 0.00066, 224: 0.00164, 320: 0.00325, 448: 0.0062, 512: 0.0080}
 """CPU seconds per sample of the JPEG pipeline by image side (bench/results/node.json's true
@@ -85,6 +90,36 @@ def scale_mix(cores: int, n_jobs: int, seed: int, gpus: int = 8) -> list[SimJob]
     return jobs
 
 
+CROSSING_FACTORS = (2.5, 0.4)
+"""Loading-cost multipliers of a crossing mix's jobs from their phase change on: alternately
+dearer (augmentation switched on) and cheaper (a cached or smaller-crop phase)."""
+
+
+def crossing_mix(cores: int, n_jobs: int, seed: int, gpus: int = 8) -> list[SimJob]:
+    """A seeded mix in which following phases is worth something: the node is oversubscribed
+    (1.0x to 1.6x its cores at full speed), every job changes phase between 30% and 60% of its
+    run, alternately dearer and cheaper, so the split best for the first phase starves the
+    jobs that became dearer (too few workers, too small a weight) while those that became
+    cheaper hold what they no longer use. The mixes of ``scale_mix`` have one job of 4-16
+    doubling its cost, which the static oracle's work-conserving weights already cover."""
+    rng = random.Random(seed * 7919 + cores + n_jobs)
+    per_job = [max(1, gpus // n_jobs)] * n_jobs
+    load = rng.uniform(1.0, 1.6) * cores
+    shares = [rng.expovariate(1.0) * g for g in per_job]
+    jobs = []
+    for i, (g, share) in enumerate(zip(per_job, shares)):
+        p = MEASURED_COST_S[rng.choice(sorted(MEASURED_COST_S))]
+        m = max(20.0 * g, load * share / sum(shares) / p)
+        duration = rng.uniform(180.0, 600.0)
+        jobs.append(SimJob(
+            name=f"x{cores}-{n_jobs}-{seed}-{i}", gpus=g, max_throughput=m, cpu_s_per_sample=p,
+            samples=m * duration, requested_workers=rng.choice([2, 4, 8, 16]) * g,
+            batch_size=rng.choice([32, 64, 128]),
+            phases=((duration * rng.uniform(0.3, 0.6), CROSSING_FACTORS[i % 2]),), startup_s=STARTUP_S,
+        ))
+    return jobs
+
+
 def jpeg_cost_s(side_px: int) -> float:
     """CPU seconds per sample of the JPEG pipeline for ``side_px``: linear in pixels between the
     sides measured (a fixed part and a part per pixel: 96 px cost 0.66 ms, not the 0.28 ms its
@@ -105,9 +140,11 @@ def true_model(job: SimJob, age_s: float) -> JobModel:
         max_throughput=job.max_throughput, lines=concave_lines(points), bytes_per_sample=job.bytes_per_sample))
 
 
-def oracle_for(jobs: Sequence[SimJob]) -> OraclePolicy:
-    """The oracle on the jobs' true curves (their first phase: a static split cannot follow one)."""
-    return OraclePolicy(curves={job.name: true_model(job, 0.0) for job in jobs})
+def oracle_for(jobs: Sequence[SimJob], last_phase: bool = False) -> OraclePolicy:
+    """The oracle on the jobs' true curves of their first phase, or of their last one."""
+    return OraclePolicy(curves={
+        job.name: true_model(job, max((start for start, _ in job.phases), default=0.0) if last_phase else 0.0)
+        for job in jobs})
 
 
 class PhasedOracle:
@@ -132,9 +169,15 @@ class PhasedOracle:
 
 
 def run_policy(name: str, node: SimNode, jobs: Sequence[SimJob], seed: int) -> SimResult:
+    """One simulated run. ``oracle`` is the best static split: the better of the splits best
+    for the jobs' first phases and for their last phases (a split cannot follow a phase, but
+    the bound may know which phase matters more)."""
+    if name == "oracle":
+        runs = [simulate(node, jobs, oracle_for(jobs, last_phase=last), seed=seed)
+                for last in ((False, True) if any(job.phases for job in jobs) else (False,))]
+        return max(runs, key=lambda run: run.gpu_busy)
     clock = SimClock()
-    policy: Policy = (oracle_for(jobs) if name == "oracle" else PhasedOracle(jobs, clock) if name == "oracle_phased"
-                      else make_policy(name))
+    policy: Policy = PhasedOracle(jobs, clock) if name == "oracle_phased" else make_policy(name)
     # the bound knows the truth: nothing for the safety net to catch, and its own cuts, which
     # make the cut jobs slower by design, are not to be taken back
     return simulate(node, jobs, policy, seed=seed, clock=clock, safety_net=name != "oracle_phased")
@@ -250,13 +293,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.simulate", description=__doc__.split("\n")[0])
     parser.add_argument("--cores", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--jobs", type=int, nargs="+", default=[4, 8, 16])
+    parser.add_argument("--crossing-jobs", type=int, nargs="+", default=[4, 8],
+                        help="job counts of the crossing-phase mixes (every job changes phase)")
     parser.add_argument("--mixes", type=int, default=3, help="seeded mixes per node size and job count")
     parser.add_argument("--period", type=float, default=1.0, help="control period, s (the controller's default)")
     parser.add_argument("--quick", action="store_true", help="one mix per size, 64 cores and 4 jobs only")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     args = parser.parse_args(argv)
     if args.quick:
-        args.cores, args.jobs, args.mixes = [64], [4], 1
+        args.cores, args.jobs, args.crossing_jobs, args.mixes = [64], [4], [4], 1
     started = time.perf_counter()
     scale = []
     print("SIMULATED (bench/sim_node.py): GPU-weighted busy, medians over mixes")
@@ -281,6 +326,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"{summary['oracle']:>7.3f} {med['adaptive_vs_static']:>7.3f}x {med['adaptive_vs_even']:>6.3f}x "
                   f"{med['adaptive_vs_oracle']:>7.3f}x {med['oracle_phased_vs_oracle']:>7.3f}x {settle:>6.1f}s "
                   f"{changes:>9.2f} {decision:>8.2f}")
+    crossing = []
+    print("\nCrossing phases (every job changes phase, half dearer x2.5, half cheaper x0.4; oversubscribed):")
+    print(f"{'node':>10} {'jobs':>4} {'static':>7} {'oracle':>7} {'phased':>7} {'adapt':>7} {'a/oracle':>8} "
+          f"{'phased/o':>8} {'a/static':>8}")
+    for cores in args.cores:
+        for n in args.crossing_jobs:
+            node = SimNode(cores=cores, disk_bps=DISK_BPS, period_s=args.period)
+            mixes = [run_mix(node, crossing_mix(cores, n, seed), seed, CROSSING_POLICIES)
+                     for seed in range(1, args.mixes + 1)]
+            summary = {p: statistics.median(m["policies"][p]["gpu_busy"] for m in mixes) for p in CROSSING_POLICIES}
+            ratios = {k: [m["ratios"][k] for m in mixes] for k in mixes[0]["ratios"]}
+            crossing.append({"cores": cores, "gpus": 8, "jobs": n, "mixes": mixes, "gpu_busy_median": summary,
+                             "adaptive_ratio_min": {k: min(v) for k, v in ratios.items()},
+                             "adaptive_ratio_median": {k: statistics.median(v) for k, v in ratios.items()}})
+            med = crossing[-1]["adaptive_ratio_median"]
+            print(f"{cores:>5}c/8g {n:>4} {summary['static']:>7.3f} {summary['oracle']:>7.3f} "
+                  f"{summary['oracle_phased']:>7.3f} {summary['adaptive']:>7.3f} {med['adaptive_vs_oracle']:>7.3f}x "
+                  f"{med['oracle_phased_vs_oracle']:>7.3f}x {med['adaptive_vs_static']:>7.3f}x")
     measured = [json.loads((RESULTS / "node.json").read_text())]
     random_doc = RESULTS / "node_random.json"
     if random_doc.exists():
@@ -297,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     document = {
         "benchmark": "adloader policies at 8-GPU scale, SIMULATED (bench/sim_node.py drives the real policies)",
         "machine": {"platform": platform.platform(), "python": platform.python_version()},
-        "period_s": args.period, "scale": scale, "reality_check": check,
+        "period_s": args.period, "scale": scale, "crossing_phases": crossing, "reality_check": check,
         "reality_check_abs_difference_pct": {"median": statistics.median(differences) if differences else None,
                                              "max": max(differences, default=None)},
         "wall_s": time.perf_counter() - started,

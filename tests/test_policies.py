@@ -1,6 +1,7 @@
 """Each policy on plain data: what it gives whom, and why."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -136,17 +137,27 @@ def test_the_job_bound_by_reads_gets_the_bandwidth_and_more_workers_per_core() -
     assert allocation["reader"].workers > allocation["x"].workers
 
 
-def test_a_lone_reader_is_not_throttled_a_newcomer_that_may_read_brings_throttles_back() -> None:
+def test_a_lone_reader_is_not_throttled_a_newcomer_that_reads_brings_throttles_back() -> None:
     reader = job("reader", m=1000.0, p=0.001, bytes_per_sample=1e6)  # wants 1 GB/s, the budget is 400 MB/s
     others = [job(name, m=200.0, p=0.001, bytes_per_sample=0.0) for name in "xyz"]
     for policy in (make_policy("adaptive"), OraclePolicy(_true_curves([reader, *others]))):
         allocation = policy.allocate(NODE, [reader, *others])
         assert {a.read_bps for a in allocation.values()} == {None}, policy.name
     # its workers wait on the disk, not the CPU: never fewer than it asked for
-    asking = job("reader", m=1000.0, p=0.001, bytes_per_sample=1e6, requested_workers=12)
-    assert make_policy("adaptive").allocate(NODE, [asking, *others])["reader"].workers >= 12
-    newcomer = JobView(job_id="new", name="new", gpus=1)  # not measured yet: it may read
+    # the workers it asked for, no fewer and no more: the disk, not its cores, decides how many help
+    for asked in (12, 1):
+        asking = job("reader", m=1000.0, p=0.001, bytes_per_sample=1e6, requested_workers=asked)
+        assert make_policy("adaptive").allocate(NODE, [asking, *others])["reader"].workers == asked
+        alone = make_policy("adaptive").allocate(NODE, [job("reader", m=5000.0, p=0.001, bytes_per_sample=1e6,
+                                                             requested_workers=asked)])
+        assert alone["reader"].workers == asked
+    # a newcomer that has not reported yet is not presumed to read: the reader keeps the disk
+    newcomer = JobView(job_id="new", name="new", gpus=1)
     allocation = make_policy("adaptive").allocate(NODE, [reader, *others, newcomer])
+    assert {a.read_bps for a in allocation.values()} == {None}
+    # its first report shows reads: throttles go on
+    reading = dataclasses.replace(newcomer, bytes_per_sample=1e6, achieved=100.0)
+    allocation = make_policy("adaptive").allocate(NODE, [reader, *others, reading])
     assert None not in {a.read_bps for a in allocation.values()}
     assert sum(a.read_bps for a in allocation.values()) <= NODE.read_bps
 

@@ -66,3 +66,16 @@ def test_a_python_bound_loader_takes_only_the_cores_it_can_use() -> None:
     result = simulate(node, [bound, hungry], make_policy("static"), seed=1)
     # at equal weights the kernel would split 2:2 if both spun; "bound" leaves 3 cores to "hungry"
     assert result.jobs["hungry"]["busy_s"] / result.jobs["hungry"]["wall_s"] == pytest.approx(0.75, abs=0.01)
+
+
+def test_a_crossing_mix_oversubscribes_the_node_and_moves_every_job_to_another_phase() -> None:
+    from bench.simulate import CROSSING_FACTORS, crossing_mix
+
+    jobs = crossing_mix(64, 8, seed=3)
+    assert sum(job.max_throughput * job.cpu_s_per_sample for job in jobs) >= 64  # full speed needs more than the node
+    assert [job.phases[0][1] for job in jobs] == [CROSSING_FACTORS[i % 2] for i in range(8)]
+    for job in jobs:
+        (start, _), = job.phases
+        duration = job.samples / job.max_throughput
+        assert 0.3 * duration <= start <= 0.6 * duration
+    assert crossing_mix(64, 8, seed=3) == jobs  # seeded
