@@ -38,7 +38,7 @@ import random
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from bench.report import write_json
 from bench.sim_node import SimClock, SimJob, SimNode, SimResult, simulate
@@ -67,27 +67,30 @@ DISK_BPS = 650e6
 
 # ---------------------------------------------------------------------------------------- mixes
 
+def _sized_jobs(rng: random.Random, cores: int, n_jobs: int, gpus: int, load_range: tuple[float, float]
+                ) -> Iterator[tuple[int, int, float, float, float]]:
+    """(index, GPUs, CPU s per sample, M, seconds at full speed) of each job of a mix whose jobs
+    at full speed want ``load_range`` times the node's cores, split at random; lazily, so the
+    caller's own draws for a job come between this one's, in a fixed order (seeded mixes)."""
+    per_job = [max(1, gpus // n_jobs)] * n_jobs
+    load = rng.uniform(*load_range) * cores
+    shares = [rng.expovariate(1.0) * g for g in per_job]
+    for i, (g, share) in enumerate(zip(per_job, shares)):
+        p = MEASURED_COST_S[rng.choice(sorted(MEASURED_COST_S))]
+        m = max(20.0 * g, load * share / sum(shares) / p)
+        yield i, g, p, m, rng.uniform(180.0, 600.0)
+
+
 def scale_mix(cores: int, n_jobs: int, seed: int, gpus: int = 8) -> list[SimJob]:
     """A seeded random mix for a node of ``cores`` cores and ``gpus`` GPUs (see the module docstring)."""
     rng = random.Random(seed * 1000 + cores + n_jobs)
-    per_job = [max(1, gpus // n_jobs)] * n_jobs
-    load = rng.uniform(0.6, 1.6) * cores
-    shares = [rng.expovariate(1.0) * g for g in per_job]
-    jobs = []
-    for i, (g, share) in enumerate(zip(per_job, shares)):
-        side = rng.choice(sorted(MEASURED_COST_S))
-        p = MEASURED_COST_S[side]
-        demand = load * share / sum(shares)
-        m = max(20.0 * g, demand / p)
-        duration = rng.uniform(180.0, 600.0)
-        jobs.append(SimJob(
-            name=f"s{cores}-{n_jobs}-{seed}-{i}", gpus=g, max_throughput=m, cpu_s_per_sample=p,
-            samples=m * duration, arrival_s=0.0 if i < n_jobs // 2 else rng.uniform(0.0, 120.0),
-            requested_workers=rng.choice([2, 4, 8, 16]) * g, batch_size=rng.choice([32, 64, 128]),
-            phases=((duration / 2, 2.0),) if i == 0 else (),
-            python_cap=0.6 * m if i == 1 else math.inf, startup_s=STARTUP_S,
-        ))
-    return jobs
+    return [SimJob(
+        name=f"s{cores}-{n_jobs}-{seed}-{i}", gpus=g, max_throughput=m, cpu_s_per_sample=p,
+        samples=m * duration, arrival_s=0.0 if i < n_jobs // 2 else rng.uniform(0.0, 120.0),
+        requested_workers=rng.choice([2, 4, 8, 16]) * g, batch_size=rng.choice([32, 64, 128]),
+        phases=((duration / 2, 2.0),) if i == 0 else (),
+        python_cap=0.6 * m if i == 1 else math.inf, startup_s=STARTUP_S,
+    ) for i, g, p, m, duration in _sized_jobs(rng, cores, n_jobs, gpus, (0.6, 1.6))]
 
 
 CROSSING_FACTORS = (2.5, 0.4)
@@ -96,28 +99,19 @@ dearer (augmentation switched on) and cheaper (a cached or smaller-crop phase)."
 
 
 def crossing_mix(cores: int, n_jobs: int, seed: int, gpus: int = 8) -> list[SimJob]:
-    """A seeded mix in which following phases is worth something: the node is oversubscribed
-    (1.0x to 1.6x its cores at full speed), every job changes phase between 30% and 60% of its
-    run, alternately dearer and cheaper, so the split best for the first phase starves the
-    jobs that became dearer (too few workers, too small a weight) while those that became
-    cheaper hold what they no longer use. The mixes of ``scale_mix`` have one job of 4-16
-    doubling its cost, which the static oracle's work-conserving weights already cover."""
+    """A seeded mix in which following phases should be worth something: the node is
+    oversubscribed (1.0x to 1.6x its cores at full speed), every job changes phase between 30%
+    and 60% of its run, alternately dearer and cheaper, so the split best for the first phase
+    starves the jobs that became dearer (too few workers, too small a weight) while those that
+    became cheaper hold what they no longer use. The mixes of ``scale_mix`` have one job of
+    4-16 doubling its cost, which the static oracle's work-conserving weights already cover."""
     rng = random.Random(seed * 7919 + cores + n_jobs)
-    per_job = [max(1, gpus // n_jobs)] * n_jobs
-    load = rng.uniform(1.0, 1.6) * cores
-    shares = [rng.expovariate(1.0) * g for g in per_job]
-    jobs = []
-    for i, (g, share) in enumerate(zip(per_job, shares)):
-        p = MEASURED_COST_S[rng.choice(sorted(MEASURED_COST_S))]
-        m = max(20.0 * g, load * share / sum(shares) / p)
-        duration = rng.uniform(180.0, 600.0)
-        jobs.append(SimJob(
-            name=f"x{cores}-{n_jobs}-{seed}-{i}", gpus=g, max_throughput=m, cpu_s_per_sample=p,
-            samples=m * duration, requested_workers=rng.choice([2, 4, 8, 16]) * g,
-            batch_size=rng.choice([32, 64, 128]),
-            phases=((duration * rng.uniform(0.3, 0.6), CROSSING_FACTORS[i % 2]),), startup_s=STARTUP_S,
-        ))
-    return jobs
+    return [SimJob(
+        name=f"x{cores}-{n_jobs}-{seed}-{i}", gpus=g, max_throughput=m, cpu_s_per_sample=p,
+        samples=m * duration, requested_workers=rng.choice([2, 4, 8, 16]) * g,
+        batch_size=rng.choice([32, 64, 128]),
+        phases=((duration * rng.uniform(0.3, 0.6), CROSSING_FACTORS[i % 2]),), startup_s=STARTUP_S,
+    ) for i, g, p, m, duration in _sized_jobs(rng, cores, n_jobs, gpus, (1.0, 1.6))]
 
 
 def jpeg_cost_s(side_px: int) -> float:
@@ -238,6 +232,18 @@ def run_mix(node: SimNode, jobs: Sequence[SimJob], seed: int, policies: Sequence
     return {"policies": scores, "ratios": ratios}
 
 
+def node_row(node: SimNode, n_jobs: int, n_mixes: int, make_mix: Callable[[int, int, int], list[SimJob]],
+             policies: Sequence[str]) -> dict[str, Any]:
+    """One row of a report: ``n_mixes`` seeded mixes of ``n_jobs`` jobs on ``node`` under
+    ``policies``, with each policy's median GPU busy and adaptive's ratios (min and median)."""
+    mixes = [run_mix(node, make_mix(node.cores, n_jobs, seed), seed, policies) for seed in range(1, n_mixes + 1)]
+    ratios = {k: [m["ratios"][k] for m in mixes] for k in mixes[0]["ratios"]}
+    return {"cores": node.cores, "gpus": 8, "jobs": n_jobs, "mixes": mixes,
+            "gpu_busy_median": {p: statistics.median(m["policies"][p]["gpu_busy"] for m in mixes) for p in policies},
+            "adaptive_ratio_min": {k: min(v) for k, v in ratios.items()},
+            "adaptive_ratio_median": {k: statistics.median(v) for k, v in ratios.items()}}
+
+
 # ---------------------------------------------------------------------------------------- reality check
 
 def jobs_from_measured_mix(document: dict[str, Any]) -> tuple[list[SimJob], float | None, float]:
@@ -309,19 +315,14 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{'a/even':>7} {'a/oracle':>8} {'phased/o':>8} {'settle':>7} {'chg/j-min':>9} {'ms/step':>8}")
     for cores in args.cores:
         for n in args.jobs:
-            node = SimNode(cores=cores, disk_bps=DISK_BPS, period_s=args.period)
-            mixes = [run_mix(node, scale_mix(cores, n, seed), seed) for seed in range(1, args.mixes + 1)]
-            summary = {p: statistics.median(m["policies"][p]["gpu_busy"] for m in mixes) for p in POLICIES}
-            ratios = {k: [m["ratios"][k] for m in mixes] for k in mixes[0]["ratios"]}
+            row = node_row(SimNode(cores=cores, disk_bps=DISK_BPS, period_s=args.period), n, args.mixes,
+                           scale_mix, POLICIES)
+            mixes, summary, med = row["mixes"], row["gpu_busy_median"], row["adaptive_ratio_median"]
             settle = max(m["policies"]["adaptive"]["settle_s_max"] for m in mixes)
             changes = statistics.median(m["policies"]["adaptive"]["changes_per_job_minute"] for m in mixes)
             decision = statistics.fmean(m["policies"]["adaptive"]["decision_ms_mean"] for m in mixes)
-            scale.append({"cores": cores, "gpus": 8, "jobs": n, "mixes": mixes, "gpu_busy_median": summary,
-                          "adaptive_ratio_min": {k: min(v) for k, v in ratios.items()},
-                          "adaptive_ratio_median": {k: statistics.median(v) for k, v in ratios.items()},
-                          "adaptive_settle_s_max": settle, "adaptive_changes_per_job_minute_median": changes,
+            scale.append({**row, "adaptive_settle_s_max": settle, "adaptive_changes_per_job_minute_median": changes,
                           "adaptive_decision_ms_mean": decision})
-            med = scale[-1]["adaptive_ratio_median"]
             print(f"{cores:>5}c/8g {n:>4} {summary['static']:>7.3f} {summary['even']:>7.3f} {summary['adaptive']:>7.3f} "
                   f"{summary['oracle']:>7.3f} {med['adaptive_vs_static']:>7.3f}x {med['adaptive_vs_even']:>6.3f}x "
                   f"{med['adaptive_vs_oracle']:>7.3f}x {med['oracle_phased_vs_oracle']:>7.3f}x {settle:>6.1f}s "
@@ -332,15 +333,9 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{'phased/o':>8} {'a/static':>8}")
     for cores in args.cores:
         for n in args.crossing_jobs:
-            node = SimNode(cores=cores, disk_bps=DISK_BPS, period_s=args.period)
-            mixes = [run_mix(node, crossing_mix(cores, n, seed), seed, CROSSING_POLICIES)
-                     for seed in range(1, args.mixes + 1)]
-            summary = {p: statistics.median(m["policies"][p]["gpu_busy"] for m in mixes) for p in CROSSING_POLICIES}
-            ratios = {k: [m["ratios"][k] for m in mixes] for k in mixes[0]["ratios"]}
-            crossing.append({"cores": cores, "gpus": 8, "jobs": n, "mixes": mixes, "gpu_busy_median": summary,
-                             "adaptive_ratio_min": {k: min(v) for k, v in ratios.items()},
-                             "adaptive_ratio_median": {k: statistics.median(v) for k, v in ratios.items()}})
-            med = crossing[-1]["adaptive_ratio_median"]
+            crossing.append(node_row(SimNode(cores=cores, disk_bps=DISK_BPS, period_s=args.period), n, args.mixes,
+                                     crossing_mix, CROSSING_POLICIES))
+            summary, med = crossing[-1]["gpu_busy_median"], crossing[-1]["adaptive_ratio_median"]
             print(f"{cores:>5}c/8g {n:>4} {summary['static']:>7.3f} {summary['oracle']:>7.3f} "
                   f"{summary['oracle_phased']:>7.3f} {summary['adaptive']:>7.3f} {med['adaptive_vs_oracle']:>7.3f}x "
                   f"{med['oracle_phased_vs_oracle']:>7.3f}x {med['adaptive_vs_static']:>7.3f}x")
