@@ -190,9 +190,7 @@ def allocations(
             weight, span = SATISFIED_WEIGHT + WEIGHT_PER_CORE * c, c
         else:
             weight, span = WEIGHT_PER_CORE * c, max(c, free * planned[job.job_id] / unsatisfied_plan)
-        k = reader_workers_per_core if job.job_id in readers else workers_per_core
         limit = worker_limit(node, job)
-        workers = workers_for_cores(BURST_HEADROOM * min(span, node.cores) / max(1, job.ranks), k, limit=limit)
         if job.job_id in readers and job.requested_workers:
             # A reader's workers mostly wait on the disk: reads in flight, not cores, bound it,
             # and the disk decides how many help. It keeps the workers it asked for (memory
@@ -200,6 +198,9 @@ def allocations(
             # O_DIRECT reader alone, 64 x 786 KB samples a batch: GPU busy 0.66-0.79 with its 1
             # worker, 0.69 with 2, 0.56 with 4). Its CPU weight still caps its CPU.
             workers = min(job.requested_workers, limit)
+        else:
+            k = reader_workers_per_core if job.job_id in readers else workers_per_core
+            workers = workers_for_cores(BURST_HEADROOM * min(span, node.cores) / max(1, job.ranks), k, limit=limit)
         result[job.job_id] = JobAllocation(
             cpu_weight=max(1, min(10_000, round(weight))) if by_weight else None,
             cores=None if by_weight else min(node.cores, span),
