@@ -52,6 +52,7 @@ class SimJob:
     samples: float
     arrival_s: float = 0.0
     requested_workers: int = 4
+    """DataLoader workers per rank, as the user asked."""
     batch_size: int = 32
     concavity: float = 0.005
     """κ: parallel-efficiency loss per core (T_load = c/(p(1+κc)))."""
@@ -61,6 +62,9 @@ class SimJob:
     """Bytes read from the shared disk per sample (0: page cache)."""
     phases: tuple[tuple[float, float], ...] = ()
     """(seconds after arrival, loading-cost multiplier from then on)."""
+    ranks: int = 1
+    """Training processes, each with its own loader and workers (one per GPU on a real node;
+    the 2-core benchmark runs a job as one process whatever its GPUs)."""
     startup_s: float = 0.0
     """Seconds from arrival to its first batch asked for: the process starts (imports, dataset,
     workers) using STARTUP_CORES, delivers nothing, is not seen by the controller (its first
@@ -208,7 +212,7 @@ def simulate(node: SimNode, jobs: Sequence[SimJob], policy: Policy, seed: int = 
         wanted.update({k: v for k, v in policy.allocate(resources, views).items() if k in wanted})
         decision_s.append(time.perf_counter() - start)
         if net is not None:
-            wanted, _ = net.review(views, wanted, gain_driven=not step_events)
+            wanted, _ = net.review(views, wanted, gain_driven=not step_events, node=resources)
         applied = dict(wanted)
         change_clock.applied(applied)
         steps.append(StepRecord(t=now, allocations={
@@ -233,7 +237,7 @@ def _view(job: _Live, applied: dict[str, JobAllocation], now: float, node: SimNo
     span = len(job.window) * node.period_s
     measured_m = spec.max_throughput * job.m_bias if job.done >= 8 * spec.batch_size else None
     return JobView(
-        job_id=job.job_id, name=spec.name, gpus=spec.gpus, requested_workers=spec.requested_workers,
+        job_id=job.job_id, name=spec.name, gpus=spec.gpus, ranks=spec.ranks, requested_workers=spec.requested_workers,
         arrival_s=spec.arrival_s, max_throughput=measured_m,
         cpu_s_per_sample=cpu / samples if samples > 0 else None,
         bytes_per_sample=spec.bytes_per_sample if samples > 0 else None,
@@ -252,7 +256,7 @@ def _advance(node: SimNode, live: dict[str, _Live], starting: Sequence[_Live], a
         a = applied.get(job_id, JobAllocation())
         age = now - job.spec.arrival_s
         workers = a.workers if a.workers is not None else job.spec.requested_workers
-        cap = workers + MAIN_PROCESS_CORES
+        cap = (workers + MAIN_PROCESS_CORES) * job.spec.ranks
         # what it can use: a loader bound by Python leaves its workers waiting on a full queue
         need = min(cap, job.spec.cores_for(min(job.spec.max_throughput, job.spec.python_cap), age))
         if a.cores is not None and need > 0:

@@ -87,7 +87,7 @@ def scale_mix(cores: int, n_jobs: int, seed: int, gpus: int = 8) -> list[SimJob]
     return [SimJob(
         name=f"s{cores}-{n_jobs}-{seed}-{i}", gpus=g, max_throughput=m, cpu_s_per_sample=p,
         samples=m * duration, arrival_s=0.0 if i < n_jobs // 2 else rng.uniform(0.0, 120.0),
-        requested_workers=rng.choice([2, 4, 8, 16]) * g, batch_size=rng.choice([32, 64, 128]),
+        requested_workers=rng.choice([2, 4, 8, 16]), ranks=g, batch_size=rng.choice([32, 64, 128]),
         phases=((duration / 2, 2.0),) if i == 0 else (),
         python_cap=0.6 * m if i == 1 else math.inf, startup_s=STARTUP_S,
     ) for i, g, p, m, duration in _sized_jobs(rng, cores, n_jobs, gpus, (0.6, 1.6))]
@@ -108,7 +108,7 @@ def crossing_mix(cores: int, n_jobs: int, seed: int, gpus: int = 8) -> list[SimJ
     rng = random.Random(seed * 7919 + cores + n_jobs)
     return [SimJob(
         name=f"x{cores}-{n_jobs}-{seed}-{i}", gpus=g, max_throughput=m, cpu_s_per_sample=p,
-        samples=m * duration, requested_workers=rng.choice([2, 4, 8, 16]) * g,
+        samples=m * duration, requested_workers=rng.choice([2, 4, 8, 16]), ranks=g,
         batch_size=rng.choice([32, 64, 128]),
         phases=((duration * rng.uniform(0.3, 0.6), CROSSING_FACTORS[i % 2]),), startup_s=STARTUP_S,
     ) for i, g, p, m, duration in _sized_jobs(rng, cores, n_jobs, gpus, (1.0, 1.6))]

@@ -86,7 +86,7 @@ class ControlLoop:
         wanted = {view.job_id: JobAllocation() for view in views}
         wanted.update({k: v for k, v in self.policy.allocate(self.node, views).items() if k in wanted})
         reason = _reason(events)
-        wanted, reverts = self.safety_net.review(views, wanted, gain_driven=reason == "gain")
+        wanted, reverts = self.safety_net.review(views, wanted, gain_driven=reason == "gain", node=self.node)
         if reverts:
             reason = "safety_net"
         changed = False

@@ -9,8 +9,24 @@ the new allocation stays clearly below what it had just before (``drop``, on
 allocation), the job gets its previous allocation back, the reason is logged, and the
 policy is not allowed to cut it again for ``hold_s``.
 
+"What it had before" is what the plan meant to leave it: a plan on an oversubscribed
+node may slow one job on purpose, to feed a job whose GPUs gain more from the same
+cores. When the loop hands over the node, the job's own model (its measured M and
+loading curve, controller.policies.shares) predicts its rate under the new allocation,
+and the job is judged against the lower of that and its rate before; a plan that keeps
+its word is left alone, one whose model was wrong is taken back. Judged against its rate
+before alone, every trade the policy made on purpose was undone (the simulator's
+crossing-phase mixes: 7 to 16 give-backs a mix, each holding a stale allocation).
+
 Only changes the policy made on its own (gain-driven) are judged: after an arrival a job
 is meant to give up cores to the newcomer, and after a departure nothing was cut.
+
+A job that changes phase under a cut is not the plan's doing: when its loading cost per
+sample (CPU seconds, ``JobView.cpu_s_per_sample``) has grown since the cut, what it had
+before is scaled down by as much, since the same cores now make fewer samples. Judged on
+samples/s alone, the net took every job that got dearer soon after a cut for a bad plan
+(20 give-backs on the simulator's crossing-phase mixes, each holding a stale allocation
+for ``hold_s``).
 """
 from __future__ import annotations
 
@@ -19,7 +35,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-from controller.policies.base import JobAllocation, JobView
+from controller.policies.base import JobAllocation, JobView, NodeResources
+from controller.policies.shares import model_of, predicted_busy
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +46,19 @@ class _Watch:
     before: JobAllocation
     after: JobAllocation
     rate_before: float
+    """Samples/s the job is held to: its rate before the cut, or less where the plan meant it."""
+    cost_before: float | None
+    """The job's CPU seconds per sample when it was cut (None: not measured)."""
     changed_at: float
     low_steps: int = 0
+
+    def expected(self, cost_now: float | None) -> float:
+        """What the job would deliver now with what it had before the cut: its rate then,
+        scaled down by how much dearer each sample has become since (never up: a job that
+        became cheaper is held to its old rate)."""
+        if self.cost_before is None or cost_now is None or not (self.cost_before > 0 and cost_now > 0):
+            return self.rate_before
+        return self.rate_before * min(1.0, self.cost_before / cost_now)
 
 
 @dataclass(frozen=True)
@@ -69,17 +97,21 @@ class SafetyNet:
         self.reverts = 0
 
     def review(
-        self, views: Sequence[JobView], wanted: Mapping[str, JobAllocation], gain_driven: bool
+        self, views: Sequence[JobView], wanted: Mapping[str, JobAllocation], gain_driven: bool,
+        node: NodeResources | None = None,
     ) -> tuple[dict[str, JobAllocation], list[Revert]]:
         """The allocation to apply: ``wanted`` with held jobs kept at what they were given back,
         and jobs the last cut made clearly slower given back their previous allocation.
         ``gain_driven``: the policy acted on new measurements alone (no arrival, departure,
-        adoption or policy change since the last step)."""
+        adoption or policy change since the last step). ``node``: the resources shared, for
+        the rate each cut job's model predicts under ``wanted`` (None: judged against its rate
+        before only)."""
         now = self._clock()
         live = {view.job_id for view in views}
         self._forget(live, now)
         result = dict(wanted)
         reverts: list[Revert] = []
+        planned: Mapping[str, float] | None = None
         for view in views:
             job_id = view.job_id
             held = self._held.get(job_id)
@@ -98,8 +130,11 @@ class SafetyNet:
             new = result.get(job_id)
             if (gain_driven and new is not None and new != view.current and _cuts(view.current, new)
                     and view.achieved is not None and view.achieved > 0):
-                self._watches[job_id] = _Watch(before=view.current, after=new, rate_before=view.achieved,
-                                               changed_at=now)
+                if planned is None:
+                    planned = _planned_rates(node, views, result) if node is not None else {}
+                self._watches[job_id] = _Watch(before=view.current, after=new,
+                                               rate_before=min(view.achieved, planned.get(job_id, view.achieved)),
+                                               cost_before=view.cpu_s_per_sample, changed_at=now)
             elif new is not None and new != view.current:
                 self._watches.pop(job_id, None)  # a new allocation for another reason: nothing to judge
         self.reverts += len(reverts)
@@ -112,17 +147,19 @@ class SafetyNet:
         if age > self.judge_s:
             del self._watches[view.job_id]
             return None
-        if view.achieved >= (1.0 - self.drop) * watch.rate_before:
+        expected = watch.expected(view.cpu_s_per_sample)
+        if view.achieved >= (1.0 - self.drop) * expected:
             watch.low_steps = 0
             return None
         watch.low_steps += 1
         if watch.low_steps < self.confirm_steps:
             return None
+        dearer = f", {expected:.0f} at its loading cost now" if expected < watch.rate_before else ""
         log.warning(
-            "job %s (%s): %.0f samples/s under its new allocation against %.0f before the plan cut it "
+            "job %s (%s): %.0f samples/s under its new allocation against %.0f before the plan cut it%s "
             "(%.0f%% less, more than %.0f%%): giving back its previous allocation and holding it for %.0f s",
-            view.job_id, view.name, view.achieved, watch.rate_before,
-            100 * (1 - view.achieved / watch.rate_before), 100 * self.drop, self.hold_s,
+            view.job_id, view.name, view.achieved, watch.rate_before, dearer,
+            100 * (1 - view.achieved / expected), 100 * self.drop, self.hold_s,
         )
         return Revert(job_id=view.job_id, rate_before=watch.rate_before, rate_after=view.achieved,
                       allocation=watch.before)
@@ -132,6 +169,16 @@ class SafetyNet:
             del self._watches[job_id]
         for job_id in [j for j, (_, until) in self._held.items() if j not in live or until <= now]:
             del self._held[job_id]
+
+
+def _planned_rates(node: NodeResources, views: Sequence[JobView], allocation: Mapping[str, JobAllocation]
+                   ) -> dict[str, float]:
+    """Samples/s each modelled job's model predicts under ``allocation`` (jobs the allocation
+    does not name keep what they have)."""
+    full = {view.job_id: allocation.get(view.job_id, view.current) for view in views}
+    models = {view.job_id: model for view in views if (model := model_of(view)) is not None}
+    return {job_id: busy * models[job_id].max_throughput
+            for job_id, busy in predicted_busy(node, views, models, full).items()}
 
 
 def _cuts(before: JobAllocation, after: JobAllocation) -> bool:

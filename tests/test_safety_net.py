@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from controller.policies import JobAllocation, JobView
+from controller.policies import JobAllocation, JobView, NodeResources
 from controller.safety_net import SafetyNet
 
 BEFORE = JobAllocation(cpu_weight=1100, workers=4)
@@ -21,20 +21,22 @@ class Clock:
         return self.now
 
 
-def view(achieved: float, current: JobAllocation) -> JobView:
-    return JobView(job_id="j", name="resnet", achieved=achieved, current=current)
+def view(achieved: float, current: JobAllocation, cost: float | None = None) -> JobView:
+    return JobView(job_id="j", name="resnet", achieved=achieved, current=current, cpu_s_per_sample=cost)
 
 
 def run(net: SafetyNet, clock: Clock, rates: list[float], wanted: JobAllocation = CUT,
-        gain_driven: bool = True) -> list[JobAllocation]:
-    """The policy cuts the job at the first step; then the job measures ``rates``, one per
-    second, while the policy keeps wanting the cut. Returns what was applied each step."""
+        gain_driven: bool = True, costs: list[float] | None = None) -> list[JobAllocation]:
+    """The policy cuts the job at the first step (its loading cost then 1 ms a sample); then
+    the job measures ``rates`` (at loading ``costs``), one per second, while the policy keeps
+    wanting the cut. Returns what was applied each step."""
+    costs = costs if costs is not None else [0.001] * len(rates)
     applied = [BEFORE]
-    result, _ = net.review([view(100.0, BEFORE)], {"j": wanted}, gain_driven=gain_driven)
+    result, _ = net.review([view(100.0, BEFORE, 0.001)], {"j": wanted}, gain_driven=gain_driven)
     applied.append(result["j"])
-    for rate in rates:
+    for rate, cost in zip(rates, costs):
         clock.now += 1.0
-        result, _ = net.review([view(rate, applied[-1])], {"j": wanted}, gain_driven=True)
+        result, _ = net.review([view(rate, applied[-1], cost)], {"j": wanted}, gain_driven=True)
         applied.append(result["j"])
     return applied
 
@@ -90,3 +92,53 @@ def test_a_job_that_leaves_is_forgotten() -> None:
     assert net.review([], {}, gain_driven=True) == ({}, [])
     result, reverts = net.review([view(10.0, CUT)], {"j": CUT}, gain_driven=True)
     assert result["j"] == CUT and reverts == []
+
+
+def test_a_job_that_becomes_dearer_under_a_cut_is_not_taken_for_a_bad_plan() -> None:
+    """Its loading cost doubles after the cut (a phase change): half the samples/s is what the
+    same cores now make, so the cut is kept."""
+    clock = Clock()
+    net = SafetyNet(clock=clock, settle_s=5.0, confirm_steps=3, hold_s=60.0)
+    applied = run(net, clock, [100.0] * 3 + [50.0] * 20, costs=[0.001] * 3 + [0.002] * 20)
+    assert all(a == CUT for a in applied[1:])
+    assert net.reverts == 0
+
+
+def test_a_cut_that_hurts_more_than_the_new_phase_explains_is_taken_back(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    net = SafetyNet(clock=clock, settle_s=5.0, confirm_steps=3, hold_s=60.0)
+    with caplog.at_level(logging.WARNING, logger="controller.safety_net"):
+        applied = run(net, clock, [100.0] * 3 + [30.0] * 20, costs=[0.001] * 3 + [0.002] * 20)
+    assert applied[-1] == BEFORE and net.reverts == 1
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert "100 before the plan cut it, 50 at its loading cost now" in message and "40% less" in message
+
+
+def test_a_job_that_becomes_cheaper_is_still_held_to_its_old_rate() -> None:
+    clock = Clock()
+    net = SafetyNet(clock=clock, settle_s=5.0, confirm_steps=3, hold_s=60.0)
+    applied = run(net, clock, [100.0] * 3 + [60.0] * 20, costs=[0.001] * 3 + [0.0005] * 20)
+    assert applied[-1] == BEFORE and net.reverts == 1
+
+
+@pytest.mark.parametrize(("rate", "taken_back"), [(400.0, False), (300.0, True)])
+def test_a_job_is_held_to_what_the_plan_meant_to_leave_it(rate: float, taken_back: bool) -> None:
+    """A modelled job (M 1000/s, 500 samples/s per core) cut from four workers to one on
+    purpose: its model says ~435/s (one core, planned 15% dear), so 400/s keeps the plan's
+    word and 300/s does not."""
+    clock = Clock()
+    net = SafetyNet(clock=clock, settle_s=5.0, confirm_steps=3, hold_s=60.0)
+    node = NodeResources(cpus=(0, 1))
+    before, cut = JobAllocation(cpu_weight=1100, workers=4), JobAllocation(cpu_weight=100, workers=1)
+
+    def modelled(achieved: float, current: JobAllocation) -> JobView:
+        return JobView(job_id="j", name="resnet", achieved=achieved, current=current, max_throughput=1000.0,
+                       loading_curve=((1.0, 500.0),), cpu_s_per_sample=0.002)
+
+    applied, _ = net.review([modelled(900.0, before)], {"j": cut}, gain_driven=True, node=node)
+    for _ in range(12):
+        clock.now += 1.0
+        result, _ = net.review([modelled(rate, applied["j"])], {"j": cut}, gain_driven=True, node=node)
+        applied = result
+    assert (applied["j"] == before) is taken_back
+    assert net.reverts == int(taken_back)

@@ -238,9 +238,19 @@ def predicted_objective(
     weights: Mapping[str, float],
     allocation: Mapping[str, JobAllocation],
 ) -> float:
-    """Σ w·busy the models predict for ``allocation``: each job demands what saturates it,
-    at most its quota if it has one and a core per worker, and the cores are shared by
-    CPU weight."""
+    """Σ w·busy the models predict for ``allocation`` (see :func:`predicted_busy`)."""
+    return sum(weights[job_id] * busy for job_id, busy in predicted_busy(node, jobs, models, allocation).items())
+
+
+def predicted_busy(
+    node: NodeResources,
+    jobs: Sequence[JobView],
+    models: Mapping[str, JobModel],
+    allocation: Mapping[str, JobAllocation],
+) -> dict[str, float]:
+    """Each modelled job's busy fraction the models predict for ``allocation``: each job
+    demands what saturates it, at most its quota if it has one and a core per worker, and
+    the cores are shared by CPU weight."""
     demands: dict[str, float] = {}
     for job in jobs:
         model = models.get(job.job_id)
@@ -254,8 +264,8 @@ def predicted_objective(
     cpu_weights = {j: float(allocation[j].cpu_weight or WEIGHT_PER_CORE) for j in demands}
     cores = contended_cores(node.cores, cpu_weights, demands)
     bandwidth = managed_bandwidth(node)
-    return sum(
-        weights[job.job_id] * model.busy(cores[job.job_id], allocation[job.job_id].read_bps if bandwidth else None)
+    return {
+        job.job_id: model.busy(cores[job.job_id], allocation[job.job_id].read_bps if bandwidth else None)
         for job in jobs
         if (model := models.get(job.job_id)) is not None
-    )
+    }
