@@ -97,7 +97,8 @@ class Controller:
         self.ownership = Ownership(config.lock_dir, config.group, config.state_dir)
         self.loop = ControlLoop(
             self.backend, self.node, make_policy(config.policy or default_policy()),
-            worker_memory=WorkerMemory(config.memory_reserve, proc=config.proc, cgroup_root=config.cgroup_root),
+            worker_memory=WorkerMemory(config.memory_reserve, proc=config.proc, cgroup_root=config.cgroup_root,
+                                       ceiling_per_rank=self.node.max_workers_per_job),
         )
         self.server = ControlServer(config.socket_path, self.handle, self._connection_closed, self._count_error)
         self.started_at = time.time()

@@ -93,6 +93,8 @@ class MemoryVerdict:
     room: Room
     max_workers_per_rank: int
     max_workers_total: int
+    growing: bool = False
+    """Its workers' cost still grows: held at the workers it runs until it holds still."""
 
 
 class WorkerMemory:
@@ -105,15 +107,21 @@ class WorkerMemory:
         cgroup_root: Path = Path("/sys/fs/cgroup"),
         refresh_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
+        ceiling_per_rank: int = 32,
     ) -> None:
-        """``refresh_s``: how often a job is measured (reading each worker's smaps costs CPU)."""
+        """``refresh_s``: how often a job is measured (reading each worker's smaps costs CPU);
+        ``ceiling_per_rank``: the most workers per rank a policy gives anyway (the node's
+        ``max_workers_per_job``): a memory cap at or above it decides nothing and is logged at
+        DEBUG only, as is a cap held while the workers' cost still grows."""
         self.proc = proc
         self.cgroup_root = cgroup_root
         self.reserve_bytes = default_reserve(proc) if reserve_bytes is None else reserve_bytes
         self.refresh_s = refresh_s
         self._clock = clock
+        self.ceiling_per_rank = ceiling_per_rank
         self._verdicts: dict[str, tuple[float, MemoryVerdict]] = {}
         self._peak: dict[str, WorkerCost] = {}
+        self._logged: dict[str, int] = {}
 
     def annotate(self, views: Sequence[JobView], pids: Mapping[str, Iterable[int]]) -> list[JobView]:
         """``views`` with ``max_workers`` set where a job's workers were measured."""
@@ -123,12 +131,14 @@ class WorkerMemory:
             del self._verdicts[job_id]
         for job_id in set(self._peak) - live:
             del self._peak[job_id]
+        for job_id in set(self._logged) - live:
+            del self._logged[job_id]
         result = []
         for view in views:
             cached = self._verdicts.get(view.job_id)
             if cached is None or now - cached[0] >= self.refresh_s:
                 verdict = self.verdict(view, set(pids.get(view.job_id, ())))
-                self._log_change(view, cached[1] if cached else None, verdict)
+                self._log_change(view, verdict)
                 if verdict is None:  # no worker to measure yet: no more than it asked for; ask again next step
                     result.append(dataclasses.replace(view, max_workers=view.requested_workers or 1))
                     continue
@@ -161,7 +171,7 @@ class WorkerMemory:
             extra = min(extra, 0)
         total = cost.workers + extra
         return MemoryVerdict(cost=cost, room=room, max_workers_per_rank=max(0, total // max(1, view.ranks)),
-                             max_workers_total=max(0, total))
+                             max_workers_total=max(0, total), growing=growing)
 
     def worker_cost(self, pids: set[int]) -> WorkerCost | None:
         """Mean USS of the job's loader workers and their share of its shared memory."""
@@ -286,13 +296,26 @@ class WorkerMemory:
             return None
         return None
 
-    def _log_change(self, view: JobView, before: MemoryVerdict | None, after: MemoryVerdict | None) -> None:
-        """INFO when a job's cap is first known or moves: the reason its workers stop there."""
-        if after is None or (before is not None and before.max_workers_per_rank == after.max_workers_per_rank):
+    def _log_change(self, view: JobView, verdict: MemoryVerdict | None) -> None:
+        """INFO once each time a job's cap starts to decide something or moves while it does
+        (below ``ceiling_per_rank``, its workers' cost settled): the reason its workers stop
+        there. Caps that bind nothing, and holds while the cost still grows, go to DEBUG: on
+        a roomy node they moved at every measurement (622, 620, 615 workers ...)."""
+        if verdict is None:
             return
-        log.info(
-            "job %s (%s): memory fits %d workers per rank: %.0f MiB more may be used (%s), a worker costs "
+        binding = not verdict.growing and verdict.max_workers_per_rank < self.ceiling_per_rank
+        level = logging.INFO if binding and self._logged.get(view.job_id) != verdict.max_workers_per_rank \
+            else logging.DEBUG
+        if binding:
+            self._logged[view.job_id] = verdict.max_workers_per_rank
+        else:
+            self._logged.pop(view.job_id, None)
+        log.log(
+            level,
+            "job %s (%s): memory fits %d workers per rank%s: %.0f MiB more may be used (%s), a worker costs "
             "%.0f MiB (USS %.0f MiB + prefetch %.0f MiB); no policy gives it more",
-            view.job_id, view.name, after.max_workers_per_rank, after.room.bytes / (1 << 20), after.room.limited_by,
-            after.cost.per_worker / (1 << 20), after.cost.uss_bytes / (1 << 20), after.cost.prefetch_bytes / (1 << 20),
+            view.job_id, view.name, verdict.max_workers_per_rank,
+            " for now (its workers' memory still grows)" if verdict.growing else "",
+            verdict.room.bytes / (1 << 20), verdict.room.limited_by,
+            verdict.cost.per_worker / (1 << 20), verdict.cost.uss_bytes / (1 << 20), verdict.cost.prefetch_bytes / (1 << 20),
         )

@@ -8,6 +8,7 @@ the job finishes without an OOM kill.
 """
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import time
@@ -124,6 +125,33 @@ def test_worker_uss_and_the_tightest_limit_up_the_tree_are_measured(memory_group
         reserved = reserve.verdict(JobView(job_id="j", name="f"), pids)
         assert reserved is not None and reserved.room.limited_by.startswith("node")
         assert reserved.max_workers_per_rank <= 3
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_cap_is_logged_at_info_once_and_only_when_it_decides_something(
+    memory_group: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 1 GiB group with two 100 MiB workers fits 4-9 workers: said once at INFO after the
+    workers' cost holds still (not while it may still grow, not again when unchanged); under
+    a ceiling the policies never pass anyway (4 here) it decides nothing and stays at DEBUG."""
+    group = _group(memory_group, limit=1024 * MIB)
+    proc = _forking(group, workers=2, mb=100)
+    view = JobView(job_id="j", name="forks", ranks=1)
+    try:
+        for ceiling, infos in ((32, 1), (4, 0)):
+            memory = WorkerMemory(reserve_bytes=0, refresh_s=0.0, ceiling_per_rank=ceiling)
+            caplog.clear()
+            with caplog.at_level(logging.DEBUG, logger="controller.worker_memory"):
+                for _ in range(4):
+                    memory.annotate([view], {"j": _pids(group)})
+            said = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+            assert len(said) == infos, said
+            assert len(caplog.records) == 4  # every measurement is still there at DEBUG
+            assert "still grows" in caplog.records[0].getMessage()
+            if infos:
+                assert "job j (forks): memory fits" in said[0] and "still grows" not in said[0]
     finally:
         proc.kill()
         proc.wait()
