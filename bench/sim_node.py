@@ -5,8 +5,10 @@ capped where its loader is bound by Python rather than by cores), a max throughp
 optional reads from a shared disk, and phases (its loading cost multiplied from some
 point of its run). The kernel is modelled as weighted max-min fair shares of the cores
 (CFS between cgroups with cpu.shares/cpu.weight), each job using at most a core per
-worker plus its main process, and a quota costing a bursty loader what it cost here (``QUOTA_TABLE``). Every step the model measures each job as the registry would (over a
-sliding window, batches counted whole, CPU accounting with noise), feeds the real
+worker plus its main process, every sample costing more CPU the more workers the node
+runs per core (``OVERSUBSCRIPTION_COST``), and a quota costing a bursty loader what it
+cost here (``QUOTA_TABLE``). Every step the model measures each job as the registry would
+(over a sliding window, batches counted whole, CPU accounting with noise), feeds the real
 ``LoadingCurveEstimator``, builds ``JobView``s and asks the real policy, through the real
 loop hooks (``ChangeClock``, ``SafetyNet``) on the simulated clock.
 """
@@ -34,6 +36,16 @@ MAIN_PROCESS_CORES = 0.2
 """Cores a rank's main process can use beyond its workers (collate, the training loop)."""
 STARTUP_CORES = 1.0
 """Cores a starting job uses (one Python process importing and building its dataset)."""
+OVERSUBSCRIPTION_COST = 0.085
+"""A sample's CPU cost grows by this much per e-fold of DataLoader workers per core on the
+node (1 + k·ln(workers/cores), from one worker per core up): caches and memory bandwidth
+shared by more decoders, more switching. Fitted on the 360 job runs of the seeded random
+mixes (bench/results/node_random.json, JPEG jobs, workers per core from each run's
+allocations): CPU per sample / the mix's cost by image side = 1.117 + 0.095·ln(workers per
+core), the slope relative to the intercept 0.085. Static runs there had 5.7 workers per core
+on average, even and adaptive 1.6 and 1.9: static's samples cost ~10% more CPU, which the
+model without it did not see (its adaptive/static ratios were 1.00 where 1.02-1.40 were
+measured)."""
 WINDOW_S = 5.0
 """The registry's measurement window."""
 DEFAULT_WEIGHT = 100
@@ -71,27 +83,29 @@ class SimJob:
     report comes after) and is not in its busy fraction's wall (bench/report.py: the training
     loop's duration)."""
 
-    def cost(self, age_s: float) -> float:
+    def cost(self, age_s: float, inflation: float = 1.0) -> float:
+        """CPU seconds per sample at ``age_s``: its phase's, times ``inflation`` (the node's
+        oversubscription, :func:`oversubscription_inflation`)."""
         factor = 1.0
         for start, multiplier in self.phases:
             if age_s >= start:
                 factor = multiplier
-        return self.cpu_s_per_sample * factor
+        return self.cpu_s_per_sample * factor * inflation
 
-    def loading_rate(self, cores: float, age_s: float) -> float:
+    def loading_rate(self, cores: float, age_s: float, inflation: float = 1.0) -> float:
         if cores <= 0:
             return 0.0
-        p = self.cost(age_s)
+        p = self.cost(age_s, inflation)
         return min(self.python_cap, cores / (p * (1.0 + self.concavity * cores)))
 
-    def cores_for(self, rate: float, age_s: float) -> float:
+    def cores_for(self, rate: float, age_s: float, inflation: float = 1.0) -> float:
         """Cores that deliver ``rate`` (inf when the loader can never reach it)."""
         if rate >= self.python_cap:
-            return math.inf if rate > self.python_cap else self._inverse(rate, age_s)
-        return self._inverse(rate, age_s)
+            return math.inf if rate > self.python_cap else self._inverse(rate, age_s, inflation)
+        return self._inverse(rate, age_s, inflation)
 
-    def _inverse(self, rate: float, age_s: float) -> float:
-        p = self.cost(age_s)
+    def _inverse(self, rate: float, age_s: float, inflation: float) -> float:
+        p = self.cost(age_s, inflation)
         denominator = 1.0 - p * rate * self.concavity
         return math.inf if denominator <= 0 else p * rate / denominator
 
@@ -252,19 +266,22 @@ def _advance(node: SimNode, live: dict[str, _Live], starting: Sequence[_Live], a
     default weight), the disk is shared, jobs progress, and each job's window is measured."""
     demands: dict[str, float] = {job.job_id: STARTUP_CORES for job in starting}
     weights: dict[str, float] = {job.job_id: float(DEFAULT_WEIGHT) for job in starting}
+    workers = {job_id: (a.workers if (a := applied.get(job_id, JobAllocation())).workers is not None
+                        else job.spec.requested_workers) * job.spec.ranks for job_id, job in live.items()}
+    inflation = oversubscription_inflation(sum(workers.values()), node.cores)
     for job_id, job in live.items():
         a = applied.get(job_id, JobAllocation())
         age = now - job.spec.arrival_s
-        workers = a.workers if a.workers is not None else job.spec.requested_workers
-        cap = (workers + MAIN_PROCESS_CORES) * job.spec.ranks
+        cap = workers[job_id] + MAIN_PROCESS_CORES * job.spec.ranks
         # what it can use: a loader bound by Python leaves its workers waiting on a full queue
-        need = min(cap, job.spec.cores_for(min(job.spec.max_throughput, job.spec.python_cap), age))
+        need = min(cap, job.spec.cores_for(min(job.spec.max_throughput, job.spec.python_cap), age, inflation))
         if a.cores is not None and need > 0:
             need = need * quota_share(a.cores / need)
         demands[job_id] = need
         weights[job_id] = float(a.cpu_weight or DEFAULT_WEIGHT)
     cores = contended_cores(float(node.cores), weights, demands)
-    rates = {job_id: min(job.spec.max_throughput, job.spec.loading_rate(cores[job_id], now - job.spec.arrival_s))
+    rates = {job_id: min(job.spec.max_throughput,
+                         job.spec.loading_rate(cores[job_id], now - job.spec.arrival_s, inflation))
              for job_id, job in live.items()}
     readers = {j: rates[j] * live[j].spec.bytes_per_sample for j in live if live[j].spec.bytes_per_sample > 0}
     if readers:
@@ -277,7 +294,7 @@ def _advance(node: SimNode, live: dict[str, _Live], starting: Sequence[_Live], a
     for job_id, job in live.items():
         spec = job.spec
         rate = rates[job_id]
-        used = min(cores[job_id], spec.cores_for(rate, now - spec.arrival_s)) if rate > 0 else 0.0
+        used = min(cores[job_id], spec.cores_for(rate, now - spec.arrival_s, inflation)) if rate > 0 else 0.0
         job.done += rate * node.period_s
         job.busy_s += node.period_s * rate / spec.max_throughput
         job.wall_s += node.period_s
@@ -292,6 +309,12 @@ def _advance(node: SimNode, live: dict[str, _Live], starting: Sequence[_Live], a
         window_cpu = sum(c for _, c in job.window)
         if window_cpu > 0:
             job.estimator.observe(window_cpu / span, window_samples / span)
+
+
+def oversubscription_inflation(workers: float, cores: float) -> float:
+    """What a sample's CPU cost is multiplied by with ``workers`` loader workers on ``cores``
+    cores (OVERSUBSCRIPTION_COST)."""
+    return 1.0 + OVERSUBSCRIPTION_COST * math.log(max(1.0, workers / cores)) if cores > 0 else 1.0
 
 
 def quota_share(ratio: float) -> float:

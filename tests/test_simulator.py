@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.sim_node import STARTUP_CORES, SimJob, SimNode, simulate
+from bench.sim_node import STARTUP_CORES, SimJob, SimNode, oversubscription_inflation, simulate
 from bench.simulate import MEASURED_COST_S, jpeg_cost_s
 from controller.policies import make_policy
 from controller.policies.base import Allocation, JobView, NodeResources
@@ -59,10 +59,11 @@ def test_jpeg_costs_pass_through_the_measured_sides_and_lie_between_them() -> No
 def test_a_python_bound_loader_takes_only_the_cores_it_can_use() -> None:
     node = SimNode(cores=4, period_s=1.0)
     # the Python-bound job could use 4 cores for its M but delivers at most 100 samples/s (1 core)
+    # (one worker per core in all: no oversubscription cost)
     bound = SimJob(name="bound", gpus=1, max_throughput=400.0, cpu_s_per_sample=0.01, samples=100.0 * 60,
-                   requested_workers=8, concavity=0.0, python_cap=100.0)
+                   requested_workers=1, concavity=0.0, python_cap=100.0)
     hungry = SimJob(name="hungry", gpus=1, max_throughput=400.0, cpu_s_per_sample=0.01, samples=300.0 * 60,
-                    requested_workers=8, concavity=0.0)
+                    requested_workers=3, concavity=0.0)
     result = simulate(node, [bound, hungry], make_policy("static"), seed=1)
     # at equal weights the kernel would split 2:2 if both spun; "bound" leaves 3 cores to "hungry"
     assert result.jobs["hungry"]["busy_s"] / result.jobs["hungry"]["wall_s"] == pytest.approx(0.75, abs=0.01)
@@ -79,3 +80,20 @@ def test_a_crossing_mix_oversubscribes_the_node_and_moves_every_job_to_another_p
         duration = job.samples / job.max_throughput
         assert 0.3 * duration <= start <= 0.6 * duration
     assert crossing_mix(64, 8, seed=3) == jobs  # seeded
+
+
+def test_more_workers_per_core_make_every_sample_dearer() -> None:
+    """A loading-bound job alone on two cores: with 16 workers its samples cost what eight
+    workers per core cost (the fitted inflation), with two it delivers two cores' worth."""
+    assert oversubscription_inflation(2, 2) == 1.0 == oversubscription_inflation(1, 4)
+    assert 1.0 < oversubscription_inflation(8, 2) < oversubscription_inflation(32, 2)
+    node = SimNode(cores=2, period_s=1.0, rate_noise=0.0, cpu_noise=0.0)
+
+    def busy(workers: int) -> float:
+        job = SimJob(name="j", gpus=1, max_throughput=1000.0, cpu_s_per_sample=0.004, samples=500.0 * 120,
+                     requested_workers=workers, concavity=0.0)
+        result = simulate(node, [job], make_policy("static"), seed=1)
+        return result.jobs["j"]["busy_s"] / result.jobs["j"]["wall_s"]
+
+    assert busy(2) == pytest.approx(0.5, rel=0.01)  # 2 cores / 4 ms = 500 of 1000 samples/s
+    assert busy(16) == pytest.approx(0.5 / oversubscription_inflation(16, 2), rel=0.01)
