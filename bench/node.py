@@ -42,6 +42,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--random", type=int, default=0, metavar="N",
                         help="run N seeded random mixes instead of --mix")
     parser.add_argument("--seed", type=int, default=1, help="first seed of --random (default 1)")
+    parser.add_argument("--seeds", default=None, metavar="S,S,...",
+                        help="run the seeded random mixes of these seeds instead (e.g. those that missed a goal)")
     parser.add_argument("--prediction-start", action="store_true",
                         help="instead of policies: GPU idle in each job's first 30 s under adaptive, starting "
                         "from an even share, from a predicted M, and as a recurring job (bench/prediction_start.py)")
@@ -76,11 +78,14 @@ def _bench(args: argparse.Namespace) -> int:
     if args.prediction_start:
         return _prediction_start(args)
     quick = args.quick
-    default_policies = RANDOM_POLICIES if args.random else QUICK_POLICIES if quick else ALL_POLICIES
+    seeds = [int(seed) for seed in args.seeds.split(",")] if args.seeds else \
+        [args.seed + i for i in range(args.random)]
+    randomised = bool(seeds)
+    default_policies = RANDOM_POLICIES if randomised else QUICK_POLICIES if quick else ALL_POLICIES
     policies = tuple(p.strip() for p in args.policies.split(",")) if args.policies else default_policies
     repeats = args.repeats if args.repeats is not None else (1 if quick else 3)
     scale = args.scale if args.scale is not None else (QUICK_SCALE if quick else 1.0)
-    mixes = [random_mix(args.seed + i) for i in range(args.random)] if args.random else [load_mix(args.mix or DEFAULT_MIX)]
+    mixes = [random_mix(seed) for seed in seeds] if randomised else [load_mix(args.mix or DEFAULT_MIX)]
     results = []
     for mix in mixes:
         if scale != 1.0:
@@ -92,9 +97,9 @@ def _bench(args: argparse.Namespace) -> int:
             print(line)
         print()
         results.append((mix, runs, document))
-        if args.random and args.json:  # after every mix: an interrupted run keeps what it measured
+        if randomised and args.json:  # after every mix: an interrupted run keeps what it measured
             report.write_json(args.json, random_summary([d for _, _, d in results], planned=len(mixes)))
-    if args.random:
+    if randomised:
         document = random_summary([d for _, _, d in results], planned=len(mixes))
         for line in document["verdicts"]:
             print(line)

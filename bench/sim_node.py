@@ -255,7 +255,7 @@ def _view(job: _Live, applied: dict[str, JobAllocation], now: float, node: SimNo
         arrival_s=spec.arrival_s, max_throughput=measured_m,
         cpu_s_per_sample=cpu / samples if samples > 0 else None,
         bytes_per_sample=spec.bytes_per_sample if samples > 0 else None,
-        loading_curve=job.estimator.points(), achieved=samples / span if span >= 2 * node.period_s else None,
+        loading_curve=job.estimator.points(), curve_windows=job.estimator.observations, achieved=samples / span if span >= 2 * node.period_s else None,
         current=applied.get(job.job_id, JobAllocation()),
     )
 

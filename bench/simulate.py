@@ -18,8 +18,9 @@ Two parts, both pure CPU, faster than real time, every figure SIMULATED:
    Crossing phases (``crossing_mix``): oversubscribed mixes in which every job changes phase,
    half of them dearer and half cheaper, where a split cannot serve both phases; static,
    adaptive, oracle and oracle_phased.
-2. Check against reality: the shipped 2-core mix (bench/results/node.json) and the seeded
-   random mixes (bench/results/node_random.json) replayed in the model with their jobs'
+2. Check against reality: the shipped 2-core mixes (bench/results/node.json, and
+   node_real.json: a phase change, Python work in a training loop, more jobs than cores) and
+   the seeded random mixes (bench/results/node_random.json) replayed in the model with their jobs'
    measured costs; the simulated ratios adaptive/static and adaptive/even against the
    measured ones, and by how much they differ. Each job spends STARTUP_S outside its
    training loop (measured there), and a JPEG side between the measured ones costs what the
@@ -261,10 +262,18 @@ def jobs_from_measured_mix(document: dict[str, Any]) -> tuple[list[SimJob], floa
             p, b = RAW_READ_COST_S, float(spec["image_px"] ** 2 * 3)
         else:
             p, b = jpeg_cost_s(spec["image_px"]), 0.0
+        phase_after = spec.get("phase_after_s")
+        python_s = float(spec.get("python_ms_per_batch") or 0.0) / 1000.0
         jobs.append(SimJob(name=spec["name"], gpus=spec["gpus"], max_throughput=m, cpu_s_per_sample=p,
                            samples=float(spec["samples"]), arrival_s=float(spec["arrival_s"]),
                            requested_workers=int(spec["num_workers"]), batch_size=int(spec["batch_size"]),
-                           bytes_per_sample=b, concavity=0.0, startup_s=STARTUP_S))
+                           bytes_per_sample=b, concavity=0.0, startup_s=STARTUP_S,
+                           phases=((float(phase_after), float(spec.get("phase_cost", 1))),)
+                           if phase_after is not None else (),
+                           # Python work in the training loop, between a batch and its step: never more
+                           # than a batch per (that work + the step), whatever the loader's cores
+                           python_cap=spec["batch_size"] / (python_s + spec["compute_ms_per_batch"] / 1000.0)
+                           if python_s > 0 else math.inf))
     node = document.get("node", {})
     return jobs, node.get("read_bps"), float(node.get("period_s", 0.5))
 
@@ -339,7 +348,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{cores:>5}c/8g {n:>4} {summary['static']:>7.3f} {summary['oracle']:>7.3f} "
                   f"{summary['oracle_phased']:>7.3f} {summary['adaptive']:>7.3f} {med['adaptive_vs_oracle']:>7.3f}x "
                   f"{med['oracle_phased_vs_oracle']:>7.3f}x {med['adaptive_vs_static']:>7.3f}x")
-    measured = [json.loads((RESULTS / "node.json").read_text())]
+    measured = [json.loads((RESULTS / name).read_text()) for name in ("node.json", "node_real.json")
+                if (RESULTS / name).exists()]
     random_doc = RESULTS / "node_random.json"
     if random_doc.exists():
         measured += json.loads(random_doc.read_text())["mixes"]

@@ -43,7 +43,8 @@ def view_of(job: "Job", current: JobAllocation) -> JobView:
         requested_workers=job.requested_workers, arrival_s=job.arrival_s,
         max_throughput=max_tp, max_throughput_interval=interval,
         cpu_s_per_sample=model.cpu_s_per_sample, bytes_per_sample=model.bytes_per_sample,
-        loading_curve=job.loading_curve.points(), achieved=job.measurement.rates.achieved,
+        loading_curve=job.loading_curve.points(), curve_windows=job.loading_curve.observations,
+        achieved=job.measurement.rates.achieved,
         remaining_samples=job.remaining, current=current,
     )
 

@@ -53,3 +53,17 @@ def test_a_job_clearly_worth_more_per_core_is_still_served_first() -> None:
             JobView(job_id="one-gpu", name="y", gpus=1, max_throughput=200.0, loading_curve=((1.0, 50.0),))]
     allocation = make_policy("adaptive").allocate(node, jobs)
     assert allocation["four-gpus"].cpu_weight > 5 * allocation["one-gpu"].cpu_weight
+
+
+@pytest.mark.parametrize(("ratio", "windows", "equal"), [
+    (1.7, 4, True),    # young curves 1.7x apart: noise, planned as equals
+    (1.7, 8, False),   # the same gap on mature curves is real
+    (3.0, 4, False),   # 3x apart is told apart at once
+])
+def test_young_curves_are_planned_as_equals_up_to_twice_the_worth(ratio: float, windows: int, equal: bool) -> None:
+    node = NodeResources(cpus=(0, 1))
+    jobs = [JobView(job_id=job_id, name="x", max_throughput=200.0, loading_curve=((1.0, rate),),
+                    curve_windows=windows, current=JobAllocation())
+            for job_id, rate in (("a", 50.0), ("b", 50.0 * ratio))]
+    allocation = make_policy("adaptive").allocate(node, jobs)
+    assert (allocation["a"].cpu_weight == allocation["b"].cpu_weight) is equal

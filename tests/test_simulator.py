@@ -6,10 +6,13 @@ the measured sides), not any figure of the report.
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from bench.sim_node import STARTUP_CORES, SimJob, SimNode, oversubscription_inflation, simulate
-from bench.simulate import MEASURED_COST_S, jpeg_cost_s
+from bench.simulate import MEASURED_COST_S, jobs_from_measured_mix, jpeg_cost_s
 from controller.policies import make_policy
 from controller.policies.base import Allocation, JobView, NodeResources
 
@@ -97,3 +100,17 @@ def test_more_workers_per_core_make_every_sample_dearer() -> None:
 
     assert busy(2) == pytest.approx(0.5, rel=0.01)  # 2 cores / 4 ms = 500 of 1000 samples/s
     assert busy(16) == pytest.approx(0.5 / oversubscription_inflation(16, 2), rel=0.01)
+
+
+def test_the_real_node_mix_is_replayed_with_its_phase_and_its_python_work() -> None:
+    """bench/mixes/real_node.json in the model: the phased job's cost doubles 25 s after its
+    process starts (as bench/job.py does), and the job with 35 ms of Python per 40 ms step
+    never runs more than a batch per 75 ms, whatever its loader's cores."""
+    mix = json.loads((Path(__file__).resolve().parents[1] / "bench" / "mixes" / "real_node.json").read_text())
+    jobs, read_bps, _ = jobs_from_measured_mix({"mix": mix, "node": {"read_bps": 6e8}})
+    by_name = {job.name: job for job in jobs}
+    assert read_bps == 6e8
+    assert by_name["resnet-phase-2g"].phases == ((25.0, 2.0),)
+    assert by_name["resnet-phase-2g"].cost(30.0) == pytest.approx(2 * by_name["resnet-phase-2g"].cost(10.0))
+    assert by_name["pybound-1g"].python_cap == pytest.approx(32 / 0.075)
+    assert all(job.python_cap == float("inf") for name, job in by_name.items() if name != "pybound-1g")

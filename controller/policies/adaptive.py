@@ -26,7 +26,7 @@ from typing import Mapping, Sequence
 
 from controller.policies import lp
 from controller.policies.base import Allocation, JobAllocation, JobView, NodeResources
-from controller.policies.worth import pool_equal_worth
+from controller.policies.worth import MATURE_CURVE_WINDOWS, pool_equal_worth
 from controller.policies.shares import (
     SATISFIED,
     JobModel,
@@ -71,7 +71,8 @@ class AdaptivePolicy:
         jobs = sorted(jobs, key=lambda j: j.job_id)
         measured = {job.job_id: model for job in jobs if (model := _measured_model(job)) is not None}
         weights = self.weights(jobs, measured)
-        models = pool_equal_worth(measured, weights)
+        young = {job.job_id for job in jobs if job.curve_windows is not None and job.curve_windows < MATURE_CURVE_WINDOWS}
+        models = pool_equal_worth(measured, weights, young=young)
         target = self._target(node, jobs, models, weights)
         if self._keep_current(node, jobs, models, weights, target):
             return {job.job_id: job.current for job in jobs}

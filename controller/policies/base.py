@@ -75,6 +75,8 @@ class JobView:
     """b: bytes read from storage per sample."""
     loading_curve: tuple[tuple[float, float], ...] = ()
     """Measured (cores, loading samples/s) points, concave through the origin; empty: use c/p."""
+    curve_windows: int | None = None
+    """Measurement windows behind ``loading_curve`` (0: a prior only); None: not tracked."""
     achieved: float | None = None
     """T: samples/s measured over the last window."""
     remaining_samples: float | None = None
