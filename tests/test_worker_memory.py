@@ -157,6 +157,43 @@ def test_a_cap_is_logged_at_info_once_and_only_when_it_decides_something(
         proc.wait()
 
 
+class _CountingReads(WorkerMemory):
+    """WorkerMemory counting its smaps_rollup reads (the expensive ones), on the real /proc."""
+
+    reads = 0
+
+    def _rollup(self, pid: int) -> dict[str, int] | None:
+        self.reads += 1
+        return super()._rollup(pid)
+
+
+def test_a_settled_worker_cost_is_not_read_again_until_the_processes_change(memory_group: Path) -> None:
+    group = _group(memory_group, limit=1024 * MIB)
+    proc = _forking(group, workers=2, mb=100)
+    view = JobView(job_id="j", name="forks")
+    try:
+        clock = [0.0]
+        memory = _CountingReads(reserve_bytes=0, clock=lambda: clock[0])
+        pids = _pids(group)
+        first, settled = memory.verdict(view, pids), memory.verdict(view, pids)
+        assert first is not None and first.growing and settled is not None and not settled.growing
+        reads = memory.reads
+        assert reads == 2 * len(pids)  # each process once per measurement
+        for _ in range(5):
+            clock[0] += 2.0
+            assert memory.verdict(view, pids).max_workers_per_rank == settled.max_workers_per_rank
+        assert memory.reads == reads  # the same processes, settled: no smaps read
+        memory.verdict(view, pids - {max(pids)})  # a worker left (a resize): measured at once
+        assert memory.reads > reads
+        reads = memory.reads
+        clock[0] += 60.0
+        memory.verdict(view, pids - {max(pids)})
+        assert memory.reads > reads  # and again once COST_REFRESH_S has passed
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_a_job_with_no_worker_yet_gets_no_more_workers_than_it_asked_for(memory_group: Path) -> None:
     group = _group(memory_group, limit=512 * MIB)
     proc = _forking(group, workers=0, mb=0)
