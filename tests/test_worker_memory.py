@@ -194,6 +194,29 @@ def test_a_settled_worker_cost_is_not_read_again_until_the_processes_change(memo
         proc.wait()
 
 
+def test_a_roomy_job_is_judged_from_a_cheap_upper_bound_without_reading_smaps(memory_group: Path) -> None:
+    """2 GiB of room, two ~100 MiB workers, a ceiling of 2 workers per rank: even at the bound
+    (a worker's whole RSS) twice the ceiling fits, so no smaps_rollup is read and the cap stays
+    above the ceiling; at a ceiling of 32 the room is tight and the exact cost is read."""
+    group = _group(memory_group, limit=2048 * MIB)
+    proc = _forking(group, workers=2, mb=100)
+    view = JobView(job_id="j", name="forks")
+    try:
+        roomy = _CountingReads(reserve_bytes=0, ceiling_per_rank=2)
+        verdict = roomy.verdict(view, _pids(group))
+        assert verdict is not None and verdict.cost.upper_bound and not verdict.growing
+        assert roomy.reads == 0
+        assert 100 * MIB <= verdict.cost.uss_bytes  # the bound is never below what a worker holds
+        assert verdict.max_workers_per_rank >= 2 * 2
+        tight = _CountingReads(reserve_bytes=0, ceiling_per_rank=32)
+        exact = tight.verdict(view, _pids(group))
+        assert exact is not None and not exact.cost.upper_bound and tight.reads > 0
+        assert exact.cost.per_worker <= verdict.cost.per_worker
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_a_job_with_no_worker_yet_gets_no_more_workers_than_it_asked_for(memory_group: Path) -> None:
     group = _group(memory_group, limit=512 * MIB)
     proc = _forking(group, workers=0, mb=0)

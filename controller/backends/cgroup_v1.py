@@ -81,6 +81,10 @@ class CgroupV1Backend:
         self._found: dict[str, dict[str, Path]] = {}
         """Job groups found by existing_jobs() (left by an earlier controller), not yet placed."""
         self._schedulers: dict[str, str] = {}
+        self._placed: dict[str, tuple[bytes, dict[str, str]]] = {}
+        """Per job: its cpu group's parent and its groups' paths, computed once (cgroupspy walks the
+        tree for each full_path: per job and per step, for every job, that was O(n²) and the
+        largest part of the controller's CPU on a 16-job node)."""
         self._tracking: dict[str, Path] = {}
         """Each nested job's cgroup in the scheduler's process-tracking hierarchy (freezer),
         which adloader never manages: when it is gone the scheduler has cleaned up."""
@@ -140,6 +144,8 @@ class CgroupV1Backend:
                         if hierarchy == "cpu" and node.controller.cfs_period_us != CFS_PERIOD_US:
                             node.controller.cfs_period_us = CFS_PERIOD_US
             self._jobs[job_id] = nodes
+            self._placed[job_id] = (nodes["cpu"].parent.full_path, {
+                h: relative(Path(n.full_path.decode()), self.root / h) for h, n in nodes.items()})
             self._found.pop(job_id, None)
             paths = list(current.values()) + [relative(Path(n.full_path.decode()), self.root / h) for h, n in nodes.items()]
             self._schedulers[job_id] = detect_scheduler(paths)
@@ -151,7 +157,7 @@ class CgroupV1Backend:
     def placement(self, job_id: str) -> Placement:
         nodes = self._job_nodes(job_id)
         capabilities = set(self.capabilities)
-        cpu_groups = {n["cpu"].parent.full_path for n in self._jobs.values()}
+        cpu_groups = {parent for parent, _ in self._placed.values()}
         if len(cpu_groups) > 1:
             capabilities.discard("cpu_weight")  # weights act only between siblings: some job has another parent
         allowed = None
@@ -163,7 +169,8 @@ class CgroupV1Backend:
                 allowed = None
         return Placement(
             scheduler=self._schedulers.get(job_id, "none"),
-            paths={h: relative(Path(n.full_path.decode()), self.root / h) for h, n in nodes.items()},
+            paths=dict(self._placed[job_id][1]) if job_id in self._placed else
+            {h: relative(Path(n.full_path.decode()), self.root / h) for h, n in nodes.items()},
             capabilities=frozenset(capabilities),
             allowed_cpus=allowed,
         )
@@ -251,6 +258,7 @@ class CgroupV1Backend:
             self._jobs.pop(job_id, None)
             self._found.pop(job_id, None)
             self._schedulers.pop(job_id, None)
+            self._placed.pop(job_id, None)
 
     def tidy(self) -> None:
         """Remove the scheduler's empty cgroups that our group kept it from removing.
