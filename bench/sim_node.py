@@ -251,11 +251,12 @@ def _view(job: _Live, applied: dict[str, JobAllocation], now: float, node: SimNo
     span = len(job.window) * node.period_s
     measured_m = spec.max_throughput * job.m_bias if job.done >= 8 * spec.batch_size else None
     return JobView(
-        job_id=job.job_id, name=spec.name, gpus=spec.gpus, ranks=spec.ranks, requested_workers=spec.requested_workers,
-        arrival_s=spec.arrival_s, max_throughput=measured_m,
+        job_id=job.job_id, name=spec.name, gpus=spec.gpus, ranks=spec.ranks,
+        requested_workers=spec.requested_workers, arrival_s=spec.arrival_s, max_throughput=measured_m,
         cpu_s_per_sample=cpu / samples if samples > 0 else None,
         bytes_per_sample=spec.bytes_per_sample if samples > 0 else None,
-        loading_curve=job.estimator.points(), curve_windows=job.estimator.observations, achieved=samples / span if span >= 2 * node.period_s else None,
+        loading_curve=job.estimator.points(), curve_windows=job.estimator.observations,
+        achieved=samples / span if span >= 2 * node.period_s else None,
         current=applied.get(job.job_id, JobAllocation()),
     )
 

@@ -147,7 +147,7 @@ class CgroupV1Backend:
             self._placed[job_id] = (nodes["cpu"].parent.full_path, {
                 h: relative(Path(n.full_path.decode()), self.root / h) for h, n in nodes.items()})
             self._found.pop(job_id, None)
-            paths = list(current.values()) + [relative(Path(n.full_path.decode()), self.root / h) for h, n in nodes.items()]
+            paths = list(current.values()) + list(self._placed[job_id][1].values())
             self._schedulers[job_id] = detect_scheduler(paths)
             tracking = current.get(TRACKING_HIERARCHY, "/")
             if tracking.strip("/") and TRACKING_HIERARCHY not in self._hierarchies:

@@ -71,7 +71,8 @@ class AdaptivePolicy:
         jobs = sorted(jobs, key=lambda j: j.job_id)
         measured = {job.job_id: model for job in jobs if (model := _measured_model(job)) is not None}
         weights = self.weights(jobs, measured)
-        young = {job.job_id for job in jobs if job.curve_windows is not None and job.curve_windows < MATURE_CURVE_WINDOWS}
+        young = {job.job_id for job in jobs
+                 if job.curve_windows is not None and job.curve_windows < MATURE_CURVE_WINDOWS}
         models = pool_equal_worth(measured, weights, young=young)
         target = self._target(node, jobs, models, weights)
         if self._keep_current(node, jobs, models, weights, target):
