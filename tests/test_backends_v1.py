@@ -11,7 +11,7 @@ import pytest
 from controller.backends.base import BackendError
 from controller.backends.blockdev import read_device_of
 from controller.backends.cgroup_v1 import CgroupV1Backend
-from controller.backends.cgroupfs import read_pid_list, write_interface
+from controller.backends.cgroupfs import drain_and_rmdir, read_pid_list, write_interface
 from fixtures.cgroup_v1 import HIERARCHIES, ROOT, needs_v1, remove_group, unique_group
 from fixtures.processes import BUSY, FORK_ON_GO, SLEEP, Children, children, fork_after_go  # noqa: F401
 
@@ -169,3 +169,12 @@ def test_read_throttle_slows_direct_reads_from_the_disk(
     reader.stdin.flush()
     elapsed = float(reader.stdout.readline())
     assert elapsed >= 1.0, f"4 MiB at 2 MB/s took only {elapsed:.2f} s: the throttle is not enforced"
+
+
+def test_a_group_still_busy_is_retried_with_a_growing_wait_then_reported() -> None:
+    """rmdir of a mount point answers EBUSY as a group with a process still exiting does:
+    the drain retries with waits doubling up to half a second, then says what failed."""
+    waits: list[float] = []
+    with pytest.raises(BackendError, match="removing the job's group failed at /proc"):
+        drain_and_rmdir(Path("/proc"), set, lambda pid: None, sleep=waits.append)
+    assert waits == [0.02, 0.04, 0.08, 0.16, 0.32, 0.5, 0.5]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
@@ -21,7 +22,11 @@ CFS_PERIOD_US = 100_000
 """The scheduler period every job group uses (the kernel default); quotas are cores x period."""
 MIN_QUOTA_US = 1_000
 """The kernel refuses CFS quotas under 1 ms."""
-_REMOVE_ATTEMPTS = 5
+_REMOVE_ATTEMPTS = 8
+_REMOVE_BACKOFF_S = (0.02, 0.5)
+"""Between attempts, waits doubling from the first to at most the second (about 2 s in all): a
+process killed just before the drain stays in its group until it has exited, and an
+immediate retry found it there still (a CI run under load: EBUSY after five retries)."""
 """rmdir is retried this often when a process forks into the group while it is drained."""
 
 _REMEDIES = {
@@ -146,11 +151,13 @@ def remove_if_unused(directory: Path) -> None:
             raise kernel_error(exc, directory, "removing the empty group") from exc
 
 
-def drain_and_rmdir(job_dir: Path, pids: Callable[[], set[int]], move: Callable[[int], None]) -> None:
+def drain_and_rmdir(job_dir: Path, pids: Callable[[], set[int]], move: Callable[[int], None],
+                    sleep: Callable[[float], None] = time.sleep) -> None:
     """Move every pid out of ``job_dir`` (``move``), then remove it; a missing group is already removed.
 
-    A process that forks while the group is drained leaves a new child behind and
-    makes rmdir fail with EBUSY, so drain and rmdir are retried a few times.
+    A process that forks while the group is drained leaves a new child behind, and one that
+    is still exiting stays listed, and either makes rmdir fail with EBUSY, so drain and rmdir
+    are retried with a short backoff (``_REMOVE_BACKOFF_S``).
     """
     for attempt in range(1, _REMOVE_ATTEMPTS + 1):
         for pid in pids():
@@ -169,3 +176,5 @@ def drain_and_rmdir(job_dir: Path, pids: Callable[[], set[int]], move: Callable[
             if exc.errno != errno.EBUSY or attempt == _REMOVE_ATTEMPTS:
                 raise kernel_error(exc, job_dir, "removing the job's group") from exc
             log.debug("%s still busy after draining (attempt %d), retrying", job_dir, attempt)
+            first, most = _REMOVE_BACKOFF_S
+            sleep(min(most, first * 2 ** (attempt - 1)))
