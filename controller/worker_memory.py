@@ -103,6 +103,17 @@ class Room:
 
 
 @dataclass(frozen=True)
+class _Measured:
+    """A job's last exact measurement: the most a worker was seen to cost, when, over which
+    processes, and whether the cost was still growing."""
+
+    peak: WorkerCost
+    at: float
+    pids: frozenset[int]
+    growing: bool
+
+
+@dataclass(frozen=True)
 class MemoryVerdict:
     cost: WorkerCost
     room: Room
@@ -135,9 +146,7 @@ class WorkerMemory:
         self._clock = clock
         self.ceiling_per_rank = ceiling_per_rank
         self._verdicts: dict[str, tuple[float, MemoryVerdict]] = {}
-        self._peak: dict[str, WorkerCost] = {}
-        self._measured: dict[str, tuple[float, frozenset[int], bool]] = {}
-        """Per job: when its worker cost was last measured, over which processes, and whether it grew."""
+        self._measured: dict[str, _Measured] = {}
         self._logged: dict[str, int] = {}
 
     def annotate(self, views: Sequence[JobView], pids: Mapping[str, Iterable[int]]) -> list[JobView]:
@@ -146,8 +155,6 @@ class WorkerMemory:
         live = {view.job_id for view in views}
         for job_id in set(self._verdicts) - live:
             del self._verdicts[job_id]
-        for job_id in set(self._peak) - live:
-            del self._peak[job_id]
         for job_id in set(self._measured) - live:
             del self._measured[job_id]
         for job_id in set(self._logged) - live:
@@ -177,25 +184,23 @@ class WorkerMemory:
         job's workers was seen to cost: a worker just started has not filled its buffers yet."""
         room = self.room(pids)
         margin = max(MARGIN_MIN, MARGIN_FRACTION * max(0.0, room.bytes))
-        bound = self.cost_bound(pids)
+        workers = self._workers(pids)
+        bound = self.cost_bound(pids, workers)
         if bound is None:
             return None
         if room.bytes - margin >= ROOMY * bound.per_worker * self.ceiling_per_rank * max(1, view.ranks):
             return self._fitting(view, bound, room, margin, growing=False)
         now = self._clock()
         last = self._measured.get(view.job_id)
-        peak = self._peak.get(view.job_id)
-        if peak is None or last is None or last[2] or last[1] != frozenset(pids) or now - last[0] >= COST_REFRESH_S:
-            cost = self.worker_cost(pids)
-            if cost is None:
-                return None
-            growing = peak is None or cost.per_worker > GROWTH * peak.per_worker
-            if peak is not None and peak.per_worker > cost.per_worker:
-                cost = dataclasses.replace(cost, uss_bytes=peak.uss_bytes, prefetch_bytes=peak.prefetch_bytes)
-            self._peak[view.job_id] = cost
-            self._measured[view.job_id] = (now, frozenset(pids), growing)
-        else:  # the same processes, measured lately and settled: the cost stands
-            cost, growing = peak, False
+        if last is not None and not last.growing and last.pids == frozenset(pids) and now - last.at < COST_REFRESH_S:
+            return self._fitting(view, last.peak, room, margin, growing=False)  # measured lately, settled
+        cost = self.worker_cost(pids, workers)
+        if cost is None:
+            return None
+        growing = last is None or cost.per_worker > GROWTH * last.peak.per_worker
+        if last is not None and last.peak.per_worker > cost.per_worker:
+            cost = dataclasses.replace(cost, uss_bytes=last.peak.uss_bytes, prefetch_bytes=last.peak.prefetch_bytes)
+        self._measured[view.job_id] = _Measured(peak=cost, at=now, pids=frozenset(pids), growing=growing)
         return self._fitting(view, cost, room, margin, growing)
 
     @staticmethod
@@ -208,11 +213,12 @@ class WorkerMemory:
         return MemoryVerdict(cost=cost, room=room, max_workers_per_rank=max(0, total // max(1, view.ranks)),
                              max_workers_total=max(0, total), growing=growing)
 
-    def cost_bound(self, pids: set[int]) -> WorkerCost | None:
+    def cost_bound(self, pids: set[int], workers: Sequence[int] | None = None) -> WorkerCost | None:
         """An upper bound of a worker's cost, cheap to read: the largest worker's resident set
         (VmRSS: its own pages and every page it shares) plus the job's shared memory
-        (RssShmem summed over its processes) over its workers. None without a worker."""
-        workers = self._workers(pids)
+        (RssShmem summed over its processes) over its workers (``workers``: found if not
+        given). None without a worker."""
+        workers = self._workers(pids) if workers is None else workers
         statuses = {pid: status for pid in pids if (status := self._status(pid))}
         rss = [statuses[pid].get("VmRSS", 0) for pid in workers if pid in statuses]
         if not rss:
@@ -220,9 +226,10 @@ class WorkerMemory:
         shmem = sum(status.get("RssShmem", 0) for status in statuses.values())
         return WorkerCost(workers=len(rss), uss_bytes=max(rss), prefetch_bytes=shmem / len(rss), upper_bound=True)
 
-    def worker_cost(self, pids: set[int]) -> WorkerCost | None:
-        """Mean USS of the job's loader workers and their share of its shared memory."""
-        workers = self._workers(pids)
+    def worker_cost(self, pids: set[int], workers: Sequence[int] | None = None) -> WorkerCost | None:
+        """Mean USS of the job's loader workers and their share of its shared memory
+        (``workers``: found if not given)."""
+        workers = self._workers(pids) if workers is None else workers
         rollups = {pid: rollup for pid in pids if (rollup := self._rollup(pid))}  # each read once: they cost
         uss = [rollups[pid]["Private_Clean"] + rollups[pid]["Private_Dirty"] for pid in workers if pid in rollups]
         if not uss:

@@ -111,6 +111,10 @@ class CgroupV1Backend:
             for h in self._hierarchies
         }
 
+    def _paths_of(self, nodes: dict[str, Node]) -> dict[str, str]:
+        """Each hierarchy's group path of ``nodes``, relative to that hierarchy's mount."""
+        return {h: relative(Path(n.full_path.decode()), self.root / h) for h, n in nodes.items()}
+
     def _job_node(self, hierarchy: str, job_id: str) -> Node:
         return self._job_nodes(job_id)[hierarchy]
 
@@ -144,8 +148,7 @@ class CgroupV1Backend:
                         if hierarchy == "cpu" and node.controller.cfs_period_us != CFS_PERIOD_US:
                             node.controller.cfs_period_us = CFS_PERIOD_US
             self._jobs[job_id] = nodes
-            self._placed[job_id] = (nodes["cpu"].parent.full_path, {
-                h: relative(Path(n.full_path.decode()), self.root / h) for h, n in nodes.items()})
+            self._placed[job_id] = (nodes["cpu"].parent.full_path, self._paths_of(nodes))
             self._found.pop(job_id, None)
             paths = list(current.values()) + list(self._placed[job_id][1].values())
             self._schedulers[job_id] = detect_scheduler(paths)
@@ -169,8 +172,7 @@ class CgroupV1Backend:
                 allowed = None
         return Placement(
             scheduler=self._schedulers.get(job_id, "none"),
-            paths=dict(self._placed[job_id][1]) if job_id in self._placed else
-            {h: relative(Path(n.full_path.decode()), self.root / h) for h, n in nodes.items()},
+            paths=dict(self._placed[job_id][1]) if job_id in self._placed else self._paths_of(nodes),
             capabilities=frozenset(capabilities),
             allowed_cpus=allowed,
         )

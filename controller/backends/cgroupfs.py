@@ -23,11 +23,11 @@ CFS_PERIOD_US = 100_000
 MIN_QUOTA_US = 1_000
 """The kernel refuses CFS quotas under 1 ms."""
 _REMOVE_ATTEMPTS = 8
+"""rmdir is retried this often when a process forks into the group while it is drained."""
 _REMOVE_BACKOFF_S = (0.02, 0.5)
 """Between attempts, waits doubling from the first to at most the second (about 2 s in all): a
 process killed just before the drain stays in its group until it has exited, and an
 immediate retry found it there still (a CI run under load: EBUSY after five retries)."""
-"""rmdir is retried this often when a process forks into the group while it is drained."""
 
 _REMEDIES = {
     errno.ENOENT: "the group or its controller file is missing: create the job's group first, "

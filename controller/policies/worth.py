@@ -61,6 +61,7 @@ def pool_equal_worth(
     worth = {job_id: worth_per_core(model, weights[job_id]) for job_id, model in models.items()}
     ordered = sorted((w, job_id) for job_id, w in worth.items() if math.isfinite(w) and w > 0)
     pooled = dict(models)
+    young = set(young)
     start = 0
     while start < len(ordered):
         end = start + 1
