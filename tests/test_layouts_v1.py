@@ -233,3 +233,32 @@ def test_after_kill_9_a_restarted_controller_adopts_a_nested_job_where_it_is(
     assert [j.job_id for j in controller.status().jobs] == [job_id]
     assert not (CGROUP_ROOT / "cpu" / controller.group / job_id).exists(), "no second group at the root"
     assert cgroups_of(job.pid)["cpu"] == f"{path}/{controller.group}/{job_id}"
+
+
+def test_a_cpuset_the_scheduler_widens_is_seen_within_the_placement_refresh(layouts: Layouts) -> None:
+    """placement() is asked for several times a job per step: what the scheduler set on the
+    job's parent is read again only after PLACEMENT_REFRESH_S (kubelet's CPU manager changes a
+    shared pool's cpuset on its own 10 s reconcile)."""
+    from controller.backends.cgroup_v1 import CgroupV1Backend
+    from controller.backends.cgroupfs import PLACEMENT_REFRESH_S
+
+    path = layouts.make(LAYOUTS["kubelet-cgroupfs"][1], cpus="0")
+    sleeper = subprocess.Popen(layouts.command(path, sys.executable, "-c", "import time; time.sleep(60)"))
+    clock = [0.0]
+    backend = CgroupV1Backend(group=f"{layouts.top}-ours", root=CGROUP_ROOT, clock=lambda: clock[0])
+    try:
+        wait_until(lambda: cgroups_of(sleeper.pid).get("cpuset") == path, 10, "the process in the scheduler's cpuset")
+        backend.create("job-a", near_pid=sleeper.pid)
+        assert backend.placement("job-a").allowed_cpus == (0,)
+        directory = CGROUP_ROOT / "cpuset"
+        for part in path.strip("/").split("/"):  # widened from the top: a child never holds more than its parent
+            directory = directory / part
+            (directory / "cpuset.cpus").write_text("0-1")
+        clock[0] += PLACEMENT_REFRESH_S / 2
+        assert backend.placement("job-a").allowed_cpus == (0,)  # read half a refresh ago: kept
+        clock[0] += PLACEMENT_REFRESH_S
+        assert backend.placement("job-a").allowed_cpus == (0, 1)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        backend.remove("job-a")

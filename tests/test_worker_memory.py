@@ -194,6 +194,47 @@ def test_a_settled_worker_cost_is_not_read_again_until_the_processes_change(memo
         proc.wait()
 
 
+class _CountingGroupReads(WorkerMemory):
+    """WorkerMemory counting the /proc/PID/cgroup reads that find a process's memory group."""
+
+    group_reads = 0
+
+    def _memory_group(self, pid: int) -> Path | None:
+        self.group_reads += 1
+        return super()._memory_group(pid)
+
+
+def test_what_a_process_is_is_read_once_per_cost_refresh_and_shared_by_a_pass(memory_group: Path) -> None:
+    """A process's parent, command line and memory group are read once (again after
+    COST_REFRESH_S); two jobs in one pass read the node's values once; the room stays right."""
+    from controller.worker_memory import COST_REFRESH_S
+
+    group = _group(memory_group, limit=1024 * MIB)
+    proc = _forking(group, workers=2, mb=100)
+    clock = [0.0]
+    memory = _CountingGroupReads(reserve_bytes=0, clock=lambda: clock[0])
+    pids = sorted(_pids(group))
+    views = [JobView(job_id="parent-and-one", name="a"), JobView(job_id="other", name="b")]
+    split = {"parent-and-one": set(pids[:2]), "other": set(pids[2:])}
+    try:
+        memory.annotate(views, split)  # the first measurement: its workers may still be filling up
+        clock[0] += memory.refresh_s
+        capped = memory.annotate(views, split)
+        assert memory.group_reads == len(pids)
+        for _ in range(3):
+            clock[0] += memory.refresh_s
+            assert [v.max_workers for v in memory.annotate(views, split)] == [v.max_workers for v in capped]
+        assert memory.group_reads == len(pids)  # the same processes: not read again
+        assert all(verdict.room.limited_by.startswith(str(group)) for verdict in
+                   (memory.verdict(view, split[view.job_id]) for view in views) if verdict is not None)
+        clock[0] += COST_REFRESH_S
+        memory.annotate(views, split)
+        assert memory.group_reads == 2 * len(pids)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_a_roomy_job_is_judged_from_a_cheap_upper_bound_without_reading_smaps(memory_group: Path) -> None:
     """2 GiB of room, two ~100 MiB workers, a ceiling of 2 workers per rank: even at the bound
     (a worker's whole RSS) twice the ceiling fits, so no smaps_rollup is read and the cap stays

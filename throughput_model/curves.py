@@ -86,6 +86,8 @@ class LoadingCurveEstimator:
         self._resolution = resolution_cores
         self._observations: deque[Point] = deque(maxlen=max_observations)
         self._seen = 0
+        self._fitted: tuple[Point, ...] | None = None
+        """points() since the last window: every status read and control step asks for it."""
         self.phase_changes = 0
         """Change points found so far (each dropped the windows before it)."""
 
@@ -98,6 +100,7 @@ class LoadingCurveEstimator:
             return
         self._seen += 1
         if self._seen > WARMUP_OBSERVATIONS:
+            self._fitted = None
             self._observations.append((float(cores_used), float(samples_per_s)))
             if changed_phase(self._observations, self._resolution):
                 recent = list(self._observations)[-CHANGE_WINDOWS:]
@@ -116,6 +119,7 @@ class LoadingCurveEstimator:
     def resume(self, observed: Iterable[Point]) -> None:
         """Take back windows :meth:`observed` returned before a restart: the job is past its
         warm-up, and :meth:`points` is what it was."""
+        self._fitted = None
         for cores, sps in observed:
             self._observations.append((float(cores), float(sps)))
             self._seen = max(self._seen, WARMUP_OBSERVATIONS) + 1
@@ -127,7 +131,9 @@ class LoadingCurveEstimator:
         no prior)."""
         if len(self._observations) < MIN_OBSERVATIONS:
             return ((1.0, 1.0 / self._prior),) if self._prior is not None else ()
-        return fit_loading_curve(self._observations, self._resolution)
+        if self._fitted is None:
+            self._fitted = fit_loading_curve(self._observations, self._resolution)
+        return self._fitted
 
 
 def fit_loading_curve(observations: Iterable[Point], resolution_cores: float = 0.05) -> tuple[Point, ...]:

@@ -21,6 +21,7 @@ from cgroupspy.nodes import Node
 from controller.backends.base import BackendError, Placement
 from controller.backends.cgroupfs import (
     CFS_PERIOD_US,
+    RereadEvery,
     check_bps,
     check_name,
     drain_and_rmdir,
@@ -90,6 +91,8 @@ class CgroupV1Backend:
         which adloader never manages: when it is gone the scheduler has cleaned up."""
         self._leftovers: list[_Leftover] = []
         """Removed jobs whose scheduler had not finished cleaning up yet (see tidy())."""
+        self._scheduler_set = RereadEvery(clock)
+        """The cpusets the schedulers gave the jobs' parents."""
 
     # -- paths -------------------------------------------------------------------------------
     def _node_at(self, hierarchy: str, path: str) -> Node:
@@ -166,10 +169,7 @@ class CgroupV1Backend:
         allowed = None
         if "cpuset" in nodes:
             scheduler_cpuset = Path(nodes["cpuset"].parent.parent.full_path.decode()) / "cpuset.effective_cpus"
-            try:
-                allowed = parse_cpus(scheduler_cpuset.read_text())
-            except (OSError, CpuSpecError):
-                allowed = None
+            allowed = self._scheduler_set.get(scheduler_cpuset, lambda: _read_cpus(scheduler_cpuset))
         return Placement(
             scheduler=self._schedulers.get(job_id, "none"),
             paths=dict(self._placed[job_id][1]) if job_id in self._placed else self._paths_of(nodes),
@@ -320,6 +320,13 @@ class CgroupV1Backend:
     def job_of(self, pid: int) -> str | None:
         """The job whose group holds ``pid`` (from /proc/PID/cgroup's cpu line), or None."""
         return job_from_proc_cgroup(self._proc, pid, self.group, "cpu")
+
+
+def _read_cpus(path: Path) -> tuple[int, ...] | None:
+    try:
+        return parse_cpus(path.read_text())
+    except (OSError, CpuSpecError):
+        return None
 
 
 @dataclass(frozen=True)

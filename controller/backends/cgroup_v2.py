@@ -12,11 +12,14 @@ Only the controllers the root offers (cgroup.controllers) become capabilities.
 """
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Callable
 
 from controller.backends.base import BackendError, Placement
 from controller.backends.cgroupfs import (
     CFS_PERIOD_US,
+    RereadEvery,
     check_bps,
     check_name,
     check_weight,
@@ -48,10 +51,15 @@ class CgroupV2Backend:
 
     name = "cgroup-v2"
 
-    def __init__(self, group: str = "adloader", root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc")) -> None:
+    def __init__(
+        self, group: str = "adloader", root: Path = Path("/sys/fs/cgroup"), proc: Path = Path("/proc"),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.group = check_name(group, "cgroup name")
         self.root = Path(root)
         self._proc = Path(proc)
+        self._scheduler_set = RereadEvery(clock)
+        """What the schedulers set on the jobs' parents: the controllers offered, the cpuset."""
         if not (self.root / "cgroup.controllers").is_file():
             raise BackendError(
                 f"{self.root} is not a cgroup v2 mount (no cgroup.controllers there): pass the unified "
@@ -148,17 +156,10 @@ class CgroupV2Backend:
     def placement(self, job_id: str) -> Placement:
         job_dir = self._job_dir(job_id)
         parent = job_dir.parent.parent
-        try:
-            offered = _controllers(parent / "cgroup.controllers")
-        except BackendError:
-            offered = set()
+        offered, allowed = self._scheduler_set.get(parent, lambda: _set_on(parent))
         capabilities = set(_capabilities_of(tuple(c for c in self._controllers if c in offered)))
         if len({d.parent for d in self._jobs.values()}) > 1:
             capabilities.discard("cpu_weight")  # weights act only between siblings: some job has another parent
-        try:
-            allowed: tuple[int, ...] | None = parse_cpus((parent / "cpuset.cpus.effective").read_text())
-        except (OSError, CpuSpecError):
-            allowed = None
         return Placement(
             scheduler=self._schedulers.get(job_id, "none"),
             paths={"unified": relative(job_dir, self.root)},
@@ -271,6 +272,19 @@ def _capabilities_of(controllers: tuple[str, ...]) -> frozenset[str]:
 
 def _move(directory: Path, pid: int) -> None:
     write_interface(directory / "cgroup.procs", str(pid), f"moving pid {pid} into {directory.name}")
+
+
+def _set_on(parent: Path) -> tuple[set[str], tuple[int, ...] | None]:
+    """What the scheduler set on a job's parent: the controllers it offers, its cpuset (None: unreadable)."""
+    try:
+        offered = _controllers(parent / "cgroup.controllers")
+    except BackendError:
+        offered = set()
+    try:
+        allowed: tuple[int, ...] | None = parse_cpus((parent / "cpuset.cpus.effective").read_text())
+    except (OSError, CpuSpecError):
+        allowed = None
+    return offered, allowed
 
 
 def _controllers(path: Path) -> set[str]:

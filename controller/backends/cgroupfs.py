@@ -11,7 +11,7 @@ import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 from controller.backends.base import BackendError
 from controller.backends.placement import cgroups_of
@@ -28,6 +28,36 @@ _REMOVE_BACKOFF_S = (0.02, 0.5)
 """Between attempts, waits doubling from the first to at most the second (about 2 s in all): a
 process killed just before the drain stays in its group until it has exited, and an
 immediate retry found it there still (a CI run under load: EBUSY after five retries)."""
+
+PLACEMENT_REFRESH_S = 5.0
+"""How long what a scheduler set on a job's parent cgroup (its cpuset, the controllers it
+delegates) is taken as read: schedulers change it rarely (Slurm never after the job starts,
+kubelet's CPU manager on its own 10 s reconcile), and placement() is asked for three times a
+job in every control step and once more for the status."""
+
+T = TypeVar("T")
+
+
+class RereadEvery:
+    """Values read from the kernel at most once every ``refresh_s`` per key."""
+
+    def __init__(self, clock: Callable[[], float], refresh_s: float = PLACEMENT_REFRESH_S) -> None:
+        self._clock = clock
+        self._refresh_s = refresh_s
+        self._values: dict[object, tuple[float, object]] = {}
+
+    def get(self, key: object, read: Callable[[], T]) -> T:
+        """The value of ``key`` read within ``refresh_s``, else ``read()`` now (stale keys of
+        jobs long gone are dropped at the same time)."""
+        now = self._clock()
+        cached = self._values.get(key)
+        if cached is not None and now - cached[0] < self._refresh_s:
+            return cached[1]  # type: ignore[return-value]
+        self._values = {k: v for k, v in self._values.items() if now - v[0] < self._refresh_s}
+        value = read()
+        self._values[key] = (now, value)
+        return value
+
 
 _REMEDIES = {
     errno.ENOENT: "the group or its controller file is missing: create the job's group first, "
