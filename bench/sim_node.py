@@ -257,6 +257,7 @@ def _view(job: _Live, applied: dict[str, JobAllocation], now: float, node: SimNo
         bytes_per_sample=spec.bytes_per_sample if samples > 0 else None,
         loading_curve=job.estimator.points(), curve_windows=job.estimator.observations,
         achieved=samples / span if span >= 2 * node.period_s else None,
+        remaining_samples=max(0.0, spec.samples - job.done),  # declared, as `adloader run --samples` does
         current=applied.get(job.job_id, JobAllocation()),
     )
 

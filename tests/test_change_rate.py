@@ -32,6 +32,25 @@ def test_a_settled_job_keeps_its_limits_for_a_minute_unless_the_gain_is_urgent()
     assert later(0.04, age=5.0, since_event=300.0) != first
 
 
+def test_a_node_has_not_settled_while_a_jobs_curve_is_young() -> None:
+    """A job whose loader reported late (its curve rests on few windows) is planned on the
+    usual threshold even long after the last arrival."""
+    policy = AdaptivePolicy(gain_threshold=0.1, urgent_gain=0.3, min_change_interval_s=60.0, settle_s=10.0)
+    first = policy.allocate(NODE, [job("a", 2, 400.0, 0.01), job("b", 1, 300.0, 0.01)])
+
+    def later(windows: int) -> dict:
+        # b's samples now cost 2x: worth per core told apart (2.7x) even on a young curve; a
+        # gain above the threshold, below urgent
+        views = [job("a", 2, 400.0, 0.01, current=first["a"], allocation_age_s=30.0, since_event_s=300.0,
+                     curve_windows=40),
+                 job("b", 1, 300.0, 0.02, current=first["b"], allocation_age_s=30.0, since_event_s=300.0,
+                     curve_windows=windows)]
+        return dict(policy.allocate(NODE, views))
+
+    assert later(windows=40) == first  # mature: the gain waits for the minute
+    assert later(windows=3) != first  # young: planned now
+
+
 def test_change_clock_ages_allocations_and_restarts_settling_at_job_set_events() -> None:
     now = [0.0]
     clock = ChangeClock(clock=lambda: now[0])

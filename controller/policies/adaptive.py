@@ -71,8 +71,7 @@ class AdaptivePolicy:
         jobs = sorted(jobs, key=lambda j: j.job_id)
         measured = {job.job_id: model for job in jobs if (model := _measured_model(job)) is not None}
         weights = self.weights(jobs, measured)
-        young = {job.job_id for job in jobs
-                 if job.curve_windows is not None and job.curve_windows < MATURE_CURVE_WINDOWS}
+        young = {job.job_id for job in jobs if _young(job)}
         models = pool_equal_worth(measured, weights, young=young)
         target = self._target(node, jobs, models, weights)
         if self._keep_current(node, jobs, models, weights, target):
@@ -156,14 +155,24 @@ class AdaptivePolicy:
 
     def _too_soon(self, jobs: Sequence[JobView], target: Allocation) -> bool:
         """True when the node has settled and a job the target would change got its current
-        allocation less than ``min_change_interval_s`` ago."""
-        if any(job.since_event_s is None or job.since_event_s < self.settle_s for job in jobs):
+        allocation less than ``min_change_interval_s`` ago. The node has not settled while
+        ``settle_s`` has not passed since the last arrival or departure, nor while a job's
+        loading curve is young (fewer than MATURE_CURVE_WINDOWS windows): a job whose loader
+        first reports after the settle time (a slow start: 10 s for one of jct_lengths' jobs)
+        gets its first plan, and the others make room for it, on the usual threshold, not
+        only on an urgent gain."""
+        if any(job.since_event_s is None or job.since_event_s < self.settle_s or _young(job) for job in jobs):
             return False
         return any(
             job.allocation_age_s is not None and job.allocation_age_s < self.min_change_interval_s
             for job in jobs
             if _limits(job.current) != _limits(target[job.job_id])
         )
+
+
+def _young(job: JobView) -> bool:
+    """The job's loading curve is known but rests on few windows (see policies/worth.py)."""
+    return bool(job.loading_curve) and job.curve_windows is not None and job.curve_windows < MATURE_CURVE_WINDOWS
 
 
 def _measured_model(job: JobView) -> JobModel | None:
