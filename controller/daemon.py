@@ -379,14 +379,14 @@ class Controller:
                                  f"{self.store.path} cannot be written (see the controller's log); free space "
                                  "there or make it writable, then ask again")
         log.info("policy changed from %s to %s by pid %d", previous.name, policy.name, connection.peer.pid)
-        self._published = self.snapshot()  # a status asked right after shows the new policy
         self._notify("policy_change")
         return protocol.Ok()
 
     def _status(self) -> protocol.Message:
-        """The node as the last control step left it (what the metrics show too): building a
-        snapshot reads every job's group, and the benchmark alone asks twice a second."""
-        return protocol.Status(node=self._published)
+        """The node's counters now, its jobs as the last control step measured them (what the
+        metrics show too): a job's snapshot reads its group, and the benchmark alone asks
+        twice a second."""
+        return protocol.Status(node=self._node_snapshot(self._published.jobs))
 
     def _known_job(self, job_id: str) -> Job:
         job = self.registry.get(job_id)
@@ -412,11 +412,14 @@ class Controller:
     # ------------------------------------------------------------------ reading
 
     def snapshot(self) -> NodeSnapshot:
-        jobs = tuple(
+        return self._node_snapshot(tuple(
             self._placed(self.registry.snapshot(job, pids=self._pids(job.job_id),
                                                 allocation=self.loop.allocations.get(job.job_id)))
             for job in self.registry
-        )
+        ))
+
+    def _node_snapshot(self, jobs: tuple[JobSnapshot, ...]) -> NodeSnapshot:
+        """``jobs`` with the node's settings and counters as they are now."""
         return NodeSnapshot(
             version=__version__, policy=self.loop.policy.name, backend=self.backend.name,
             started_at=self.started_at, period_s=self.config.period_s, cpus=self.node.cpus,
