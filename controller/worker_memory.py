@@ -174,12 +174,9 @@ class WorkerMemory:
         """``views`` with ``max_workers`` set where a job's workers were measured."""
         now = self._clock()
         live = {view.job_id for view in views}
-        for job_id in set(self._verdicts) - live:
-            del self._verdicts[job_id]
-        for job_id in set(self._measured) - live:
-            del self._measured[job_id]
-        for job_id in set(self._logged) - live:
-            del self._logged[job_id]
+        for per_job in (self._verdicts, self._measured, self._logged):
+            for job_id in set(per_job) - live:
+                del per_job[job_id]
         alive = {pid for job_pids in pids.values() for pid in job_pids}
         self._processes = {pid: known for pid, known in self._processes.items()
                            if pid in alive and now - known.read_at < COST_REFRESH_S}

@@ -29,13 +29,13 @@ from controller.backends.cgroupfs import (
     kernel_call,
     parse_device,
     quota_us,
+    read_cpus,
     read_pid_list,
     remove_if_unused,
     shares_of,
     write_interface,
 )
 from controller.backends.placement import detect_scheduler, find_job_groups, launcher_cgroups, parent_below, relative
-from adloader.cpuspec import CpuSpecError, parse_cpus
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,7 @@ class CgroupV1Backend:
         allowed = None
         if "cpuset" in nodes:
             scheduler_cpuset = Path(nodes["cpuset"].parent.parent.full_path.decode()) / "cpuset.effective_cpus"
-            allowed = self._scheduler_set.get(scheduler_cpuset, lambda: _read_cpus(scheduler_cpuset))
+            allowed = self._scheduler_set.get(scheduler_cpuset, lambda: read_cpus(scheduler_cpuset))
         return Placement(
             scheduler=self._schedulers.get(job_id, "none"),
             paths=dict(self._placed[job_id][1]) if job_id in self._placed else self._paths_of(nodes),
@@ -320,13 +320,6 @@ class CgroupV1Backend:
     def job_of(self, pid: int) -> str | None:
         """The job whose group holds ``pid`` (from /proc/PID/cgroup's cpu line), or None."""
         return job_from_proc_cgroup(self._proc, pid, self.group, "cpu")
-
-
-def _read_cpus(path: Path) -> tuple[int, ...] | None:
-    try:
-        return parse_cpus(path.read_text())
-    except (OSError, CpuSpecError):
-        return None
 
 
 @dataclass(frozen=True)

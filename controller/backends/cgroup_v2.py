@@ -28,6 +28,7 @@ from controller.backends.cgroupfs import (
     kernel_call,
     parse_device,
     quota_us,
+    read_cpus,
     read_interface,
     read_pid_list,
     remove_if_unused,
@@ -41,7 +42,7 @@ from controller.backends.placement import (
     parent_below,
     relative,
 )
-from adloader.cpuspec import CpuSpecError, format_cpus, parse_cpus
+from adloader.cpuspec import format_cpus
 
 _CAPABILITY_OF_CONTROLLER = {"cpu": "cpu_quota", "cpuset": "cpuset", "io": "read_bps"}
 
@@ -280,11 +281,7 @@ def _set_on(parent: Path) -> tuple[set[str], tuple[int, ...] | None]:
         offered = _controllers(parent / "cgroup.controllers")
     except BackendError:
         offered = set()
-    try:
-        allowed: tuple[int, ...] | None = parse_cpus((parent / "cpuset.cpus.effective").read_text())
-    except (OSError, CpuSpecError):
-        allowed = None
-    return offered, allowed
+    return offered, read_cpus(parent / "cpuset.cpus.effective")
 
 
 def _controllers(path: Path) -> set[str]:

@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, TypeVar
 
+from adloader.cpuspec import CpuSpecError, parse_cpus
 from controller.backends.base import BackendError
 from controller.backends.placement import cgroups_of
 
@@ -57,6 +58,15 @@ class RereadEvery:
         value = read()
         self._values[key] = (now, value)
         return value
+
+
+def read_cpus(path: Path) -> tuple[int, ...] | None:
+    """The CPU list in a cpuset file (``cpuset.effective_cpus``, ``cpuset.cpus.effective``);
+    None when it cannot be read or parsed."""
+    try:
+        return parse_cpus(path.read_text())
+    except (OSError, CpuSpecError):
+        return None
 
 
 _REMEDIES = {

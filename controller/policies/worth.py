@@ -66,7 +66,7 @@ def pool_equal_worth(
     while start < len(ordered):
         end = start + 1
         while end < len(ordered) and ordered[end][0] <= ordered[start][0] * (1.0 + (
-                YOUNG_TOLERANCE if {ordered[start][1], ordered[end][1]} & set(young) else tolerance)):
+                YOUNG_TOLERANCE if {ordered[start][1], ordered[end][1]} & young else tolerance)):
             end += 1
         group = ordered[start:end]
         if len(group) > 1:
