@@ -1,9 +1,11 @@
-"""How long each job's allocation has been in force, and how long since the job set changed.
+"""How long each job's allocation has been in force, how long since the job set changed,
+and which jobs' models became known at this step.
 
-The policies are pure and have no clock, so the loop hands them these ages in the
-JobViews (``allocation_age_s``, ``since_event_s``): ``adaptive`` changes a settled
-job's limits at most once a minute unless the gain is urgent, and settles freely for a
-while after an arrival or a departure.
+The policies are pure and have no clock or memory, so the loop hands them these facts in
+the JobViews (``allocation_age_s``, ``since_event_s``, ``newly_modelled``): ``adaptive``
+changes a settled job's limits at most once a minute unless the gain is urgent, settles
+freely for a while after an arrival or a departure, and plans a job the step its model
+becomes known.
 """
 from __future__ import annotations
 
@@ -12,33 +14,43 @@ import time
 from typing import Callable, Iterable, Mapping, Sequence
 
 from controller.policies.base import JobAllocation, JobView
+from controller.policies.shares import measured_model
 
 JOB_SET_EVENTS = frozenset({"arrival", "departure", "adoption", "policy_change"})
 """Events after which the node settles anew."""
 
 
 class ChangeClock:
-    """Remembers when each job's applied allocation last changed and when the job set did."""
+    """Remembers when each job's applied allocation last changed, when the job set did, and
+    which jobs were seen without a model."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._changed_at: dict[str, float] = {}
         self._last: dict[str, JobAllocation] = {}
         self._event_at: float | None = None
+        self._unmodelled: set[str] = set()
 
     def annotate(self, views: Sequence[JobView], events: Iterable[str] = ()) -> list[JobView]:
-        """``views`` with their ages filled in; ``events`` happened since the last step."""
+        """``views`` with their ages filled in; ``events`` happened since the last step. A job
+        is newly modelled when it has a model now and had none at the step before: a job
+        known from the start (its history's prior, or a model restored after a restart) never
+        is, its first plan already used the model."""
         now = self._clock()
         if self._event_at is None or JOB_SET_EVENTS.intersection(events):
             self._event_at = now
-        return [
+        modelled = {view.job_id for view in views if measured_model(view) is not None}
+        annotated = [
             dataclasses.replace(
                 view,
                 allocation_age_s=now - self._changed_at[view.job_id] if view.job_id in self._changed_at else None,
                 since_event_s=now - self._event_at,
+                newly_modelled=view.job_id in modelled and view.job_id in self._unmodelled,
             )
             for view in views
         ]
+        self._unmodelled = {view.job_id for view in views if view.job_id not in modelled}
+        return annotated
 
     def applied(self, allocations: Mapping[str, JobAllocation]) -> None:
         """Record what is in force after a step; jobs missing from it are forgotten."""

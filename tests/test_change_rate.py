@@ -3,6 +3,8 @@ urgent; the loop's ChangeClock tells it how old each allocation is and when the 
 last changed (on an injected clock)."""
 from __future__ import annotations
 
+import dataclasses
+
 from controller.change_clock import ChangeClock
 from controller.policies import JobAllocation, JobView, NodeResources, make_policy
 from controller.policies.adaptive import AdaptivePolicy
@@ -72,6 +74,31 @@ def test_change_clock_ages_allocations_and_restarts_settling_at_job_set_events()
     clock.applied({})
     (gone,) = clock.annotate([view])
     assert gone.allocation_age_s is None
+
+
+def test_a_job_is_planned_at_the_step_its_model_becomes_known_even_for_a_small_gain() -> None:
+    """Its even share was a placeholder: waiting for the threshold let measurement noise
+    decide when a newcomer got its plan (7-7.6 s after its first report on two random mixes)."""
+    policy = AdaptivePolicy(gain_threshold=0.1)
+    # b needs about 1 of the 4 cores, a would use 5: with the placeholder's equal weights a
+    # already takes what b leaves, so the plan is predicted to gain next to nothing
+    placeholder = policy.allocate(NODE, [job("a", 1, 500.0, 0.01), JobView(job_id="b", name="b")])
+    modelled = [job("a", 1, 500.0, 0.01, current=placeholder["a"], allocation_age_s=5.0, since_event_s=5.0),
+                job("b", 1, 100.0, 0.01, current=placeholder["b"], allocation_age_s=5.0, since_event_s=5.0)]
+    assert policy.allocate(NODE, modelled) == placeholder  # under the threshold: kept
+    newly = [modelled[0], dataclasses.replace(modelled[1], newly_modelled=True)]
+    planned = policy.allocate(NODE, newly)
+    assert planned != placeholder
+    assert planned == policy.allocate(NODE, [dataclasses.replace(v, current=JobAllocation()) for v in modelled])
+
+
+def test_change_clock_says_newly_modelled_once_and_never_for_a_job_known_from_the_start() -> None:
+    clock = ChangeClock(clock=lambda: 0.0)
+    unknown = JobView(job_id="new", name="new", max_throughput=100.0)  # M, no loading curve yet
+    known = job("recurring", 1, 100.0, 0.01)  # its history's prior: modelled from its first step
+    steps = [clock.annotate([unknown, known]), clock.annotate([job("new", 1, 100.0, 0.01), known]),
+             clock.annotate([job("new", 1, 100.0, 0.01), known])]
+    assert [[v.newly_modelled for v in views] for views in steps] == [[False, False], [True, False], [False, False]]
 
 
 def test_the_default_policy_is_the_rate_limited_one() -> None:

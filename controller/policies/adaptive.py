@@ -2,7 +2,7 @@
 most GPUs busy, from each job's measured (or predicted) model.
 
 Each period: jobs whose model is known (M and a loading curve, see
-:func:`controller.policies.shares.model_of`) go into the linear program of
+:func:`controller.policies.shares.measured_model`) go into the linear program of
 :mod:`controller.policies.lp`, maximising Σ g_j·T_j/M_j; a job not yet measured
 keeps an even share of the node (C/n cores, B/n bandwidth) until its first reports
 arrive. Cores and bandwidth the program leaves over go to the jobs as headroom, so
@@ -11,8 +11,10 @@ nothing is held back idle. Workers follow cores.
 Stability: jobs worth the same per core up to measurement noise are planned as equals
 (:mod:`controller.policies.worth`), so they share evenly instead of trading the node
 back and forth. The current allocation (``JobView.current``) is kept unless a job
-arrived (or the previous policy set other kinds of limits), or the new one is
-predicted to raise the objective by more than ``gain_threshold`` (10% by default: on a
+arrived (or the previous policy set other kinds of limits), a job's model just became
+known (``JobView.newly_modelled``: the even share it held was a placeholder, and
+waiting for the threshold let noise decide when it was planned, up to 7.6 s after its
+first report on the seeded random mixes), or the new one is predicted to raise the objective by more than ``gain_threshold`` (10% by default: on a
 busy two-core machine the models of two identical jobs differ by up to ±20%). Once the
 node has settled (``settle_s`` after the last arrival or departure), a job whose
 allocation changed less than ``min_change_interval_s`` ago keeps it unless the gain is
@@ -33,7 +35,7 @@ from controller.policies.shares import (
     allocations,
     contended_bandwidth,
     floors,
-    model_of,
+    measured_model,
     predicted_objective,
     spread,
 )
@@ -69,7 +71,7 @@ class AdaptivePolicy:
         if not jobs:
             return {}
         jobs = sorted(jobs, key=lambda j: j.job_id)
-        measured = {job.job_id: model for job in jobs if (model := _measured_model(job)) is not None}
+        measured = {job.job_id: model for job in jobs if (model := measured_model(job)) is not None}
         weights = self.weights(jobs, measured)
         young = {job.job_id for job in jobs if _young(job)}
         models = pool_equal_worth(measured, weights, young=young)
@@ -121,9 +123,10 @@ class AdaptivePolicy:
         read_bps = None
         if manage_io:
             read_bps = spread(bandwidth, {**reserved_io, **solution.read_bps}, floor=io_floor)
+        reads_exhausted = manage_io and sum(solution.read_bps.values()) >= free_io * (1 - 1e-6)
         satisfied = frozenset(
             job_id for job_id, busy in solution.busy.items()
-            if busy >= SATISFIED or (manage_io and _bandwidth_bound(models[job_id], busy, solution.read_bps[job_id]))
+            if busy >= SATISFIED or (reads_exhausted and _bandwidth_bound(models[job_id], busy, solution.read_bps[job_id]))
         )
         readers = frozenset(job_id for job_id, model in models.items() if model.is_reader)
         return allocations(
@@ -141,6 +144,8 @@ class AdaptivePolicy:
     ) -> bool:
         """True when every job has an allocation from this kind of policy and the target is
         not predicted to beat the current one by more than the threshold."""
+        if any(job.newly_modelled for job in jobs):
+            return False  # a job's model just became known: its allocation so far was a placeholder
         current = {job.job_id: job.current for job in jobs}
         if any(a.workers is None or (a.cpu_weight is None) != (target[job_id].cpu_weight is None)
                or (a.cores is None) != (target[job_id].cores is None) for job_id, a in current.items()):
@@ -175,20 +180,17 @@ def _young(job: JobView) -> bool:
     return bool(job.loading_curve) and job.curve_windows is not None and job.curve_windows < MATURE_CURVE_WINDOWS
 
 
-def _measured_model(job: JobView) -> JobModel | None:
-    """The job's model once its loading curve is known (its first windows, or its history's
-    prior); None before. The loading cost of one early window alone is no basis for a plan:
-    counted in whole batches over a second or two it swung 3x between two identical jobs in
-    the simulator (bench/sim_node.py), enough to give one of them every contended core."""
-    return model_of(job) if job.loading_curve else None
-
-
 def _bandwidth_bound(model: JobModel, busy: float, read_bps: float) -> bool:
-    """True when the plan holds the job at ``busy`` by its read bandwidth: more cores would
-    not make it busier, so, like a job the plan satisfies, it gets the few cores it needs at
-    once (a large weight) instead of a weight as small as those cores. Planned as unsatisfied,
-    a 4-GPU reader on seeded random mix 5 was given CPU weight 17 and one worker while its
-    reads were throttled, and lost 10-20% of its GPU time against ``static``."""
+    """True when the job reads all the bandwidth the plan gives it at ``busy``; with the node's
+    bandwidth all planned (the caller checks), that bandwidth is what holds it at ``busy``:
+    more cores would not make it busier, so, like a job the plan satisfies, it gets the few
+    cores it needs at once (a large weight) instead of a weight as small as those cores.
+    Planned as unsatisfied, a 4-GPU reader on seeded random mix 5 was given CPU weight 17 and
+    one worker while its reads were throttled, and lost 10-20% of its GPU time against
+    ``static``. The program plans every reader exactly the bandwidth it reads, so with
+    bandwidth to spare this alone would call a job held back by its cores satisfied: on
+    seeded random mix 9 a newcomer's first reads flipped a core-bound job's weight
+    100 -> 1100 -> 100 within a second."""
     return model.bytes_per_sample > 0 and model.max_throughput * model.bytes_per_sample * busy >= read_bps * (1 - 1e-6)
 
 

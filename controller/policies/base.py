@@ -86,6 +86,9 @@ class JobView:
     """Seconds ``current`` has been in force; None: not tracked (no limit on how often it changes)."""
     since_event_s: float | None = None
     """Seconds since the node's job set last changed (an arrival or a departure); None: not tracked."""
+    newly_modelled: bool = False
+    """True at the one control step at which the job's model (M and loading curve) became
+    known, having been unknown at an earlier step (controller/change_clock.py)."""
     max_workers: int | None = None
     """Most workers per rank that fit in the job's memory (controller/worker_memory.py); None: no limit known."""
     levers: frozenset[str] | None = None

@@ -100,6 +100,14 @@ def model_of(job: JobView) -> JobModel | None:
     return with_plan_margin(JobModel(max_throughput=float(m), lines=lines, bytes_per_sample=float(b)))
 
 
+def measured_model(job: JobView) -> JobModel | None:
+    """The job's model once its loading curve is known (its first windows, or its history's
+    prior); None before. The loading cost of one early window alone is no basis for a plan:
+    counted in whole batches over a second or two it swung 3x between two identical jobs in
+    the simulator (bench/sim_node.py), enough to give one of them every contended core."""
+    return model_of(job) if job.loading_curve else None
+
+
 def with_plan_margin(model: JobModel, margin: float = PLAN_MARGIN) -> JobModel:
     """The model a plan uses: the loading curve stretched so that every rate costs
     ``margin`` times the cores the job was seen using for it."""
