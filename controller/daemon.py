@@ -19,6 +19,7 @@ import logging
 import os
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -95,10 +96,11 @@ class Controller:
                                  recall=recall, clock=clock)
         self.store = StateStore(config.state_dir)
         self.ownership = Ownership(config.lock_dir, config.group, config.state_dir)
+        self._memory_reads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="adloader-worker-memory")
         self.loop = ControlLoop(
             self.backend, self.node, make_policy(config.policy or default_policy()),
             worker_memory=WorkerMemory(config.memory_reserve, proc=config.proc, cgroup_root=config.cgroup_root,
-                                       ceiling_per_rank=self.node.max_workers_per_job),
+                                       ceiling_per_rank=self.node.max_workers_per_job, executor=self._memory_reads),
         )
         self.server = ControlServer(config.socket_path, self.handle, self._connection_closed, self._count_error)
         self.started_at = time.time()
@@ -160,6 +162,7 @@ class Controller:
         self.save()
         if self._metrics is not None:
             self._metrics.stop()
+        self._memory_reads.shutdown(wait=False, cancel_futures=True)
         self.ownership.release()
         log.info("stopped; %d job(s) left running unmanaged, state saved in %s", len(self.registry), self.store.path)
 

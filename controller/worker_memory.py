@@ -27,6 +27,7 @@ import dataclasses
 import logging
 import math
 import time
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
@@ -154,46 +155,76 @@ class WorkerMemory:
         refresh_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
         ceiling_per_rank: int = 32,
+        executor: Executor | None = None,
     ) -> None:
         """``refresh_s``: how often a job is measured (reading each worker's smaps costs CPU);
         ``ceiling_per_rank``: the most workers per rank a policy gives anyway (the node's
         ``max_workers_per_job``): a memory cap at or above it decides nothing and is logged at
-        DEBUG only, as is a cap held while the workers' cost still grows."""
+        DEBUG only, as is a cap held while the workers' cost still grows. ``executor``: where
+        the kernel is read (None: in :meth:`annotate` itself). The daemon gives it a thread
+        of its own: reading a process's smaps_rollup or cmdline waits for the process's
+        memory map, which a job forking its workers holds, and a job starved of CPU holds it
+        for seconds (the control step stalled 2.4 s at a time on seeded random mix 11)."""
         self.proc = proc
         self.cgroup_root = cgroup_root
         self.reserve_bytes = default_reserve(proc) if reserve_bytes is None else reserve_bytes
         self.refresh_s = refresh_s
         self._clock = clock
         self.ceiling_per_rank = ceiling_per_rank
+        self._executor = executor
+        self._pending: Future[dict[str, tuple[JobView, MemoryVerdict | None]]] | None = None
         self._verdicts: dict[str, tuple[float, MemoryVerdict]] = {}
-        self._measured: dict[str, _Measured] = {}
         self._logged: dict[str, int] = {}
+        # read and written only by _measure (the executor's thread when there is one)
+        self._measured: dict[str, _Measured] = {}
         self._processes: dict[int, _Process] = {}
 
     def annotate(self, views: Sequence[JobView], pids: Mapping[str, Iterable[int]]) -> list[JobView]:
-        """``views`` with ``max_workers`` set where a job's workers were measured."""
+        """``views`` with ``max_workers`` set where a job's workers were measured. With an
+        executor, the jobs due a measurement are measured there and their verdicts count
+        from the first step after it finishes; until a job has one it gets no more workers
+        than it asked for."""
         now = self._clock()
         live = {view.job_id for view in views}
-        for per_job in (self._verdicts, self._measured, self._logged):
+        for per_job in (self._verdicts, self._logged):
             for job_id in set(per_job) - live:
                 del per_job[job_id]
+        if self._pending is not None and self._pending.done():
+            measured, self._pending = self._pending.result(), None
+            self._take(measured, live)
+        due = [view for view in views
+               if (cached := self._verdicts.get(view.job_id)) is None or now - cached[0] >= self.refresh_s]
+        job_pids = {job_id: frozenset(job) for job_id, job in pids.items()}
+        if self._executor is None:
+            self._take(self._measure(due, job_pids, now), live)
+        elif self._pending is None and due:
+            self._pending = self._executor.submit(self._measure, due, job_pids, now)
+        return [
+            dataclasses.replace(view, max_workers=cached[1].max_workers_per_rank)
+            if (cached := self._verdicts.get(view.job_id)) is not None
+            else dataclasses.replace(view, max_workers=view.requested_workers or 1)  # nothing measured yet
+            for view in views
+        ]
+
+    def _measure(
+        self, views: Sequence[JobView], pids: Mapping[str, frozenset[int]], now: float,
+    ) -> dict[str, tuple[JobView, MemoryVerdict | None]]:
+        """The verdict of each of ``views`` (None: no worker to measure yet), at ``now``."""
         alive = {pid for job_pids in pids.values() for pid in job_pids}
         self._processes = {pid: known for pid, known in self._processes.items()
                            if pid in alive and now - known.read_at < COST_REFRESH_S}
+        self._measured = {job_id: known for job_id, known in self._measured.items() if job_id in pids}
         reads = _PassReads()
-        result = []
-        for view in views:
-            cached = self._verdicts.get(view.job_id)
-            if cached is None or now - cached[0] >= self.refresh_s:
-                verdict = self.verdict(view, set(pids.get(view.job_id, ())), reads)
-                self._log_change(view, verdict)
-                if verdict is None:  # no worker to measure yet: no more than it asked for; ask again next step
-                    result.append(dataclasses.replace(view, max_workers=view.requested_workers or 1))
-                    continue
-                cached = (now, verdict)
-                self._verdicts[view.job_id] = cached
-            result.append(dataclasses.replace(view, max_workers=cached[1].max_workers_per_rank))
-        return result
+        return {view.job_id: (view, self.verdict(view, set(pids.get(view.job_id, ())), reads)) for view in views}
+
+    def _take(self, measured: Mapping[str, tuple[JobView, MemoryVerdict | None]], live: set[str]) -> None:
+        """Keep and log the verdicts of the jobs still running (a job without one is asked again)."""
+        for job_id, (view, verdict) in measured.items():
+            if job_id not in live:
+                continue
+            self._log_change(view, verdict)
+            if verdict is not None:
+                self._verdicts[job_id] = (self._clock(), verdict)
 
     def workers_limit(self, job_id: str) -> int | None:
         """Most workers, all ranks, the job's memory holds at its last measurement (None: not measured)."""
