@@ -11,11 +11,14 @@ nothing is held back idle. Workers follow cores.
 Stability: jobs worth the same per core up to measurement noise are planned as equals
 (:mod:`controller.policies.worth`), so they share evenly instead of trading the node
 back and forth. The current allocation (``JobView.current``) is kept unless a job
-arrived (or the previous policy set other kinds of limits), a job's model just became
-known (``JobView.newly_modelled``: the even share it held was a placeholder, and
-waiting for the threshold let noise decide when it was planned, up to 7.6 s after its
-first report on the seeded random mixes), or the new one is predicted to raise the objective by more than ``gain_threshold`` (10% by default: on a
-busy two-core machine the models of two identical jobs differ by up to ±20%). Once the
+arrived (or the previous policy set other kinds of limits), or the new one is predicted
+to raise the objective by more than ``gain_threshold`` (10% by default: on a busy
+two-core machine the models of two identical jobs differ by up to ±20%). At the step a
+job's model becomes known (``JobView.newly_modelled``) the bar is ``first_plan_gain``
+(2%): the even share it held was a placeholder, and waiting for 10% let measurement
+noise decide when it got its plan, up to 7.6 s after its first report on the seeded
+random mixes; a plan that gains nothing is still not worth a change (sixteen tiny jobs,
+all satisfied either way, had their weights moved three times in two seconds). Once the
 node has settled (``settle_s`` after the last arrival or departure), a job whose
 allocation changed less than ``min_change_interval_s`` ago keeps it unless the gain is
 above ``urgent_gain`` (a job changing phase): under steady load no job's weight or
@@ -54,8 +57,10 @@ class AdaptivePolicy:
         min_change_interval_s: float = 60.0,
         settle_s: float = 10.0,
         urgent_gain: float = 0.3,
+        first_plan_gain: float = 0.02,
     ) -> None:
         self.gain_threshold = gain_threshold
+        self.first_plan_gain = first_plan_gain
         self.min_change_interval_s = min_change_interval_s
         self.settle_s = settle_s
         self.urgent_gain = urgent_gain
@@ -144,8 +149,6 @@ class AdaptivePolicy:
     ) -> bool:
         """True when every job has an allocation from this kind of policy and the target is
         not predicted to beat the current one by more than the threshold."""
-        if any(job.newly_modelled for job in jobs):
-            return False  # a job's model just became known: its allocation so far was a placeholder
         current = {job.job_id: job.current for job in jobs}
         if any(a.workers is None or (a.cpu_weight is None) != (target[job_id].cpu_weight is None)
                or (a.cores is None) != (target[job_id].cores is None) for job_id, a in current.items()):
@@ -154,7 +157,8 @@ class AdaptivePolicy:
             return False  # reads became contended (throttles go on) or stopped being (they come off)
         now = predicted_objective(node, jobs, models, weights, current)
         gain = predicted_objective(node, jobs, models, weights, target) - now
-        if gain <= now * self.gain_threshold + 1e-9:
+        threshold = self.first_plan_gain if any(job.newly_modelled for job in jobs) else self.gain_threshold
+        if gain <= now * threshold + 1e-9:
             return True
         return self._too_soon(jobs, target) and gain <= now * self.urgent_gain + 1e-9
 
