@@ -57,7 +57,7 @@ def test_a_step_goes_on_while_a_jobs_memory_map_is_held_and_takes_the_verdict_on
         reads.submit(lambda: None).result(timeout=30)  # the measurement ahead of it has finished
         (measured,) = memory.annotate([view], pids)
     finally:
-        if not release.is_alive() and release.ident is None:
+        if release.ident is None:
             release.start()  # never leave the reader blocked
         release.join(timeout=30)
         reads.shutdown(wait=True)
