@@ -144,6 +144,15 @@ class MemoryVerdict:
     """Its workers' cost still grows: held at the workers it runs until it holds still."""
 
 
+@dataclass(frozen=True)
+class _Measurement:
+    """One pass over the jobs due a measurement: when it read the kernel, and each job's view
+    with its verdict (None: no worker to measure yet)."""
+
+    at: float
+    verdicts: tuple[tuple[JobView, MemoryVerdict | None], ...]
+
+
 class WorkerMemory:
     """Measures each job's worker memory and room, and caps its workers in the policy's views."""
 
@@ -172,7 +181,7 @@ class WorkerMemory:
         self._clock = clock
         self.ceiling_per_rank = ceiling_per_rank
         self._executor = executor
-        self._pending: Future[dict[str, tuple[JobView, MemoryVerdict | None]]] | None = None
+        self._pending: Future[_Measurement] | None = None
         self._verdicts: dict[str, tuple[float, MemoryVerdict]] = {}
         self._logged: dict[str, int] = {}
         # read and written only by _measure (the executor's thread when there is one)
@@ -190,8 +199,8 @@ class WorkerMemory:
             for job_id in set(per_job) - live:
                 del per_job[job_id]
         if self._pending is not None and self._pending.done():
-            measured, self._pending = self._pending.result(), None
-            self._take(measured, live)
+            finished, self._pending = self._pending.result(), None
+            self._take(finished, live)
         due = [view for view in views
                if (cached := self._verdicts.get(view.job_id)) is None or now - cached[0] >= self.refresh_s]
         job_pids = {job_id: frozenset(job) for job_id, job in pids.items()}
@@ -206,25 +215,25 @@ class WorkerMemory:
             for view in views
         ]
 
-    def _measure(
-        self, views: Sequence[JobView], pids: Mapping[str, frozenset[int]], now: float,
-    ) -> dict[str, tuple[JobView, MemoryVerdict | None]]:
+    def _measure(self, views: Sequence[JobView], pids: Mapping[str, frozenset[int]], now: float) -> _Measurement:
         """The verdict of each of ``views`` (None: no worker to measure yet), at ``now``."""
         alive = {pid for job_pids in pids.values() for pid in job_pids}
         self._processes = {pid: known for pid, known in self._processes.items()
                            if pid in alive and now - known.read_at < COST_REFRESH_S}
         self._measured = {job_id: known for job_id, known in self._measured.items() if job_id in pids}
         reads = _PassReads()
-        return {view.job_id: (view, self.verdict(view, set(pids.get(view.job_id, ())), reads)) for view in views}
+        return _Measurement(at=now, verdicts=tuple(
+            (view, self.verdict(view, set(pids.get(view.job_id, ())), reads)) for view in views))
 
-    def _take(self, measured: Mapping[str, tuple[JobView, MemoryVerdict | None]], live: set[str]) -> None:
-        """Keep and log the verdicts of the jobs still running (a job without one is asked again)."""
-        for job_id, (view, verdict) in measured.items():
-            if job_id not in live:
+    def _take(self, measurement: _Measurement, live: set[str]) -> None:
+        """Keep and log the verdicts of the jobs still running, dated when they were measured
+        (a job without one is asked again)."""
+        for view, verdict in measurement.verdicts:
+            if view.job_id not in live:
                 continue
             self._log_change(view, verdict)
             if verdict is not None:
-                self._verdicts[job_id] = (self._clock(), verdict)
+                self._verdicts[view.job_id] = (measurement.at, verdict)
 
     def workers_limit(self, job_id: str) -> int | None:
         """Most workers, all ranks, the job's memory holds at its last measurement (None: not measured)."""
