@@ -1,11 +1,11 @@
 """How long each job's allocation has been in force, how long since the job set changed,
-and which jobs' models became known at this step.
+which jobs' models became known at this step, and whether a job left at this step.
 
 The policies are pure and have no clock or memory, so the loop hands them these facts in
-the JobViews (``allocation_age_s``, ``since_event_s``, ``newly_modelled``): ``adaptive``
-changes a settled job's limits at most once a minute unless the gain is urgent, settles
-freely for a while after an arrival or a departure, and plans a job the step its model
-becomes known.
+the JobViews (``allocation_age_s``, ``since_event_s``, ``newly_modelled``,
+``departure_step``): ``adaptive`` changes a settled job's limits at most once a minute
+unless the gain is urgent, settles freely for a while after an arrival or a departure, and
+plans a job the step its model becomes known and the jobs left the step one departs.
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ class ChangeClock:
         known from the start (its history's prior, or a model restored after a restart) never
         is, its first plan already used the model."""
         now = self._clock()
+        departure_step = "departure" in events
         if self._event_at is None or JOB_SET_EVENTS.intersection(events):
             self._event_at = now
         modelled = {view.job_id for view in views if measured_model(view) is not None}
@@ -46,6 +47,7 @@ class ChangeClock:
                 allocation_age_s=now - self._changed_at[view.job_id] if view.job_id in self._changed_at else None,
                 since_event_s=now - self._event_at,
                 newly_modelled=view.job_id in modelled and view.job_id in self._unmodelled,
+                departure_step=departure_step,
             )
             for view in views
         ]

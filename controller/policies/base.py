@@ -89,6 +89,9 @@ class JobView:
     newly_modelled: bool = False
     """True at the one control step at which the job's model (M and loading curve) became
     known, having been unknown at an earlier step (controller/change_clock.py)."""
+    departure_step: bool = False
+    """True at the one control step at which another job's departure was seen: what it held
+    is free, and the plan for the jobs left is made anew (controller/change_clock.py)."""
     max_workers: int | None = None
     """Most workers per rank that fit in the job's memory (controller/worker_memory.py); None: no limit known."""
     levers: frozenset[str] | None = None
