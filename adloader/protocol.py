@@ -255,24 +255,42 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
 
 def encode(message: Message) -> bytes:
     """One line of JSON, newline-terminated. Raises ProtocolError if it would exceed the bound."""
-    payload = {"v": VERSION, "type": message.TYPE, **plain(message)}
-    line = json.dumps(payload, separators=(",", ":"), allow_nan=False).encode() + b"\n"
+    payload = {"v": VERSION, "type": message.TYPE, **_fields_of(message)}
+    line = json.dumps(payload, separators=(",", ":"), allow_nan=False, default=_fields_of).encode() + b"\n"
     if len(line) > MAX_LINE_BYTES:
         raise ProtocolError("too_long", f"message of {len(line)} bytes exceeds {MAX_LINE_BYTES}")
     return line
+
+
+_LEAVES = frozenset({str, int, float, bool, type(None)})
+"""Types ``plain`` returns as they are, checked first: most of a status reply's values are
+numbers (each job's loading curve), and asking each whether it is a dataclass was most of
+the cost of encoding one."""
 
 
 def plain(value: Any) -> Any:
     """A tree of dataclasses, lists and dicts as JSON-ready builtins. Unlike
     ``dataclasses.asdict`` it copies nothing it does not convert: the controller encodes
     every job's status for each client twice a second, and deep copies were most of it."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {name: plain(getattr(value, name)) for name in _fields(type(value))}
+    kind = type(value)
+    if kind in _LEAVES:
+        return value
     if isinstance(value, (list, tuple)):
         return [plain(item) for item in value]
     if isinstance(value, dict):
         return {key: plain(item) for key, item in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {name: plain(getattr(value, name)) for name in _fields(kind)}
     return value
+
+
+def _fields_of(value: Any) -> dict[str, Any]:
+    """json's hook for what it cannot encode itself: a dataclass as its fields, unconverted
+    (json's C encoder walks the lists and numbers they hold; converting the whole tree in
+    Python first was most of the cost of a status reply)."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {name: getattr(value, name) for name in _fields(type(value))}
+    raise TypeError(f"{type(value).__name__} cannot be sent in a message")
 
 
 @functools.cache

@@ -22,7 +22,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
 from adloader import __version__, paths, protocol
 from controller import faults
@@ -250,7 +250,7 @@ class Controller:
         outcome = self.loop.step(self.registry, events)
         if self.loop.allocations.dirty or events or self._model_checkpoint_due():
             self.save()
-        self._published = self.snapshot()
+        self._published = self.snapshot(outcome.pids)
         if self._metrics is not None:
             self._metrics.observe_loop(outcome.seconds)
 
@@ -414,10 +414,14 @@ class Controller:
 
     # ------------------------------------------------------------------ reading
 
-    def snapshot(self) -> NodeSnapshot:
+    def snapshot(self, pids: Mapping[str, set[int]] | None = None) -> NodeSnapshot:
+        """The node as it is now; ``pids``: jobs' processes already read at this step (the
+        others' are read here)."""
+        known = pids or {}
         return self._node_snapshot(tuple(
-            self._placed(self.registry.snapshot(job, pids=self._pids(job.job_id),
-                                                allocation=self.loop.allocations.get(job.job_id)))
+            self._placed(self.registry.snapshot(
+                job, pids=known[job.job_id] if job.job_id in known else self._pids(job.job_id),
+                allocation=self.loop.allocations.get(job.job_id)))
             for job in self.registry
         ))
 

@@ -39,6 +39,9 @@ class StepOutcome:
     reason: str | None
     """Why the decision changed, None when it did not (no reallocation)."""
     seconds: float
+    pids: dict[str, set[int]]
+    """Each job's processes as read at this step (the daemon's snapshot uses them instead of
+    reading every job's cgroup.procs again)."""
 
 
 class ControlLoop:
@@ -81,8 +84,9 @@ class ControlLoop:
         views = self.change_clock.annotate(
             [replace(view, levers=self._levers(view.job_id)) for view in registry.views(applied)], events
         )
+        pids = self._pids(views)
         if self.worker_memory is not None:
-            views = self.worker_memory.annotate(views, self._pids(views))
+            views = self.worker_memory.annotate(views, pids)
         wanted = {view.job_id: JobAllocation() for view in views}
         wanted.update({k: v for k, v in self.policy.allocate(self.node, views).items() if k in wanted})
         reason = _reason(events)
@@ -113,7 +117,7 @@ class ControlLoop:
         self.last_step_seconds = self._clock() - start
         return StepOutcome(
             wanted=wanted, changes=list(result.changes), failures=list(result.failures),
-            reason=reason if changed else None, seconds=self.last_step_seconds,
+            reason=reason if changed else None, seconds=self.last_step_seconds, pids=pids,
         )
 
 

@@ -47,13 +47,14 @@ def _saved_plan() -> dict[str, JobAllocation]:
     return dict(make_policy("adaptive").allocate(NodeResources(cpus=CPUS), views))
 
 
-def _controller(tmp_path: Path, clock: Clock) -> tuple[Controller, Path]:
+def _controller(tmp_path: Path, clock: Clock, backend_class: type[CgroupV2Backend] = CgroupV2Backend,
+                ) -> tuple[Controller, Path]:
     root = make_cgroup2_tree(tmp_path / "cg", GROUP, MODELS)
     for job_id in MODELS:  # a live process in each job's group: this test process
         (root / GROUP / job_id / "cgroup.procs").write_text(f"{os.getpid()}\n")
     config = ControllerConfig(socket_path=tmp_path / "s.sock", state_dir=tmp_path / "state", cpus=CPUS,
                               policy="adaptive", group=GROUP, cgroup_root=root, lock_dir=tmp_path / "locks")
-    backend = CgroupV2Backend(group=GROUP, root=root)
+    backend = backend_class(group=GROUP, root=root)
     return Controller(config, backend=backend, clock=clock), root
 
 
@@ -107,3 +108,33 @@ def test_reports_are_measured_once_per_step_on_the_injected_clock(tmp_path: Path
     measured = next(j for j in controller.snapshot().jobs if j.job_id == job_id)
     assert measured.achieved_sps == pytest.approx(3200 / 2.0)
     assert measured.max_sps_measured == pytest.approx(800.0)  # its own M replaces the restored one
+
+
+class _CountingBackend(CgroupV2Backend):
+    """The real fixture-tree backend, counting how often each job's cgroup.procs is read."""
+
+    reads: dict[str, int]
+
+    def __init__(self, group: str, root: Path) -> None:
+        super().__init__(group=group, root=root)
+        self.reads = {}
+
+    def pids(self, job_id: str) -> set[int]:
+        self.reads[job_id] = self.reads.get(job_id, 0) + 1
+        return super().pids(job_id)
+
+
+def test_a_step_reads_each_jobs_processes_once_for_its_decision_and_its_snapshot(tmp_path: Path) -> None:
+    """cgroup.procs was read again for the published snapshot: a sixth of a 16-job node's
+    controller CPU. The snapshot takes the processes the step read; the reaper still reads a
+    job whose launcher is gone (to see whether any of its processes is left)."""
+    controller, _ = _controller(tmp_path, Clock(), _CountingBackend)
+    backend = controller.backend
+    assert isinstance(backend, _CountingBackend)
+    _save_earlier_run(controller.config.state_dir, _saved_plan())
+    controller.recover()
+    backend.reads.clear()
+    controller.step()
+    reaper_reads = {job.job_id: int(not (job.connected and not job.ended)) for job in controller.registry}
+    assert backend.reads == {job_id: 1 + reaper_reads[job_id] for job_id in MODELS}
+    assert {job.job_id: job.pids for job in controller.snapshot().jobs} == {job_id: (os.getpid(),) for job_id in MODELS}

@@ -64,3 +64,32 @@ def test_a_step_goes_on_while_a_jobs_memory_map_is_held_and_takes_the_verdict_on
     assert steps == [3, 3, 3]
     # measured: its one worker, held there while its first measured cost may still grow
     assert measured.max_workers == 1
+
+
+def test_a_roomy_job_is_measured_again_less_often(tmp_path: Path) -> None:
+    """Its cap decides nothing while its room holds twice the workers no policy gives it: it is
+    read every ``roomy_refresh_s``, not every ``refresh_s`` (on a 16-job node those reads were
+    a fifth of the controller's CPU)."""
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    meminfo = proc / "meminfo"
+    _process(proc, PARENT, 1, rss_mib=300)
+    _process(proc, WORKER, PARENT, rss_mib=100)
+    for pid in (PARENT, WORKER):
+        (proc / str(pid) / "smaps_rollup").write_text(
+            "00400000-7fff [rollup]\nPrivate_Clean: 0 kB\nPrivate_Dirty: 102400 kB\nPss_Shmem: 0 kB\n")
+    now = [0.0]
+    memory = WorkerMemory(reserve_bytes=0, proc=proc, cgroup_root=tmp_path / "cgroup", refresh_s=2.0,
+                          roomy_refresh_s=10.0, clock=lambda: now[0])
+    view, pids = JobView(job_id="j", name="roomy", requested_workers=3), {"j": {PARENT, WORKER}}
+
+    def at(seconds: float, available_mib: int) -> int | None:
+        now[0] = seconds
+        meminfo.write_text(f"MemTotal: {64 << 20} kB\nMemAvailable: {available_mib * 1024} kB\n")
+        return memory.annotate([view], pids)[0].max_workers
+
+    assert at(0.0, 16 << 10) > 64  # 16 GiB: room for 64 workers of 100 MiB twice over
+    assert at(5.0, 1 << 10) > 64  # the node's memory shrank, but a roomy verdict holds 10 s
+    assert at(11.0, 1 << 10) <= 10  # measured again: 1 GiB holds a few workers at most
+    assert at(12.0, 16 << 10) <= 10  # a tight verdict holds 2 s only ...
+    assert at(13.0, 16 << 10) > 64  # ... and is read again after them
