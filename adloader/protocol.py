@@ -263,15 +263,15 @@ def encode(message: Message) -> bytes:
 
 
 _LEAVES = frozenset({str, int, float, bool, type(None)})
-"""Types ``plain`` returns as they are, checked first: most of a status reply's values are
-numbers (each job's loading curve), and asking each whether it is a dataclass was most of
-the cost of encoding one."""
+"""Types ``plain`` returns as they are, checked first: most values of a snapshot or of the
+state file are numbers (each job's loading curve), and asking each whether it is a
+dataclass was most of the cost of converting one."""
 
 
 def plain(value: Any) -> Any:
-    """A tree of dataclasses, lists and dicts as JSON-ready builtins. Unlike
-    ``dataclasses.asdict`` it copies nothing it does not convert: the controller encodes
-    every job's status for each client twice a second, and deep copies were most of it."""
+    """A tree of dataclasses, lists and dicts as JSON-ready builtins, for what is kept or
+    printed as JSON (``NodeSnapshot.to_dict``, the state file); messages are encoded without
+    it (:func:`encode`). Unlike ``dataclasses.asdict`` it copies nothing it does not convert."""
     kind = type(value)
     if kind in _LEAVES:
         return value
