@@ -53,7 +53,7 @@ def main(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     scale = args.scale if args.scale is not None else QUICK_DEMO_SCALE if args.quick else QUICK_SCALE
     mix = load_mix(args.mix).scaled(scale)
-    node = node_setup(mix, "0-1", 0.5, None, CACHE_DIR)
+    node = node_setup(mix, "0-1", None, CACHE_DIR)  # the controller's default periods
     print(f"adloader demo (GPU-emulated): {len(mix.jobs)} jobs of mix {mix.name!r} on CPUs {node.cpus}, "
           f"read budget {node.read_bps / 1e6:.0f} MB/s of {node.read_device}; policies {', '.join(POLICIES)}")
     for spec in mix.jobs:

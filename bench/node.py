@@ -58,7 +58,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", type=Path, default=None, metavar="FILE",
                         help="PNG of each job's GPU busy fraction over time, per policy")
     parser.add_argument("--cpus", default="0-1", help="CPUs the benchmark's controller shares (default 0-1)")
-    parser.add_argument("--period", type=float, default=0.5, help="control period, seconds (default 0.5)")
+    parser.add_argument("--period", type=float, default=NodeSetup.period_s,
+                        help=f"control period, seconds (default {NodeSetup.period_s:g}, the controller's)")
+    parser.add_argument("--settle-period", type=float, default=NodeSetup.settle_period_s,
+                        help=f"control period while the node settles (default {NodeSetup.settle_period_s:g}, the "
+                        "controller's)")
     parser.add_argument("--read-bps", type=float, default=None,
                         help=f"read bandwidth to share, bytes/s (default: the mix's, else {DEFAULT_READ_BPS:g})")
     parser.add_argument("--cache", type=Path, default=CACHE_DIR, help="where datasets are generated once")
@@ -90,7 +94,7 @@ def _bench(args: argparse.Namespace) -> int:
     for mix in mixes:
         if scale != 1.0:
             mix = mix.scaled(scale)
-        node = node_setup(mix, args.cpus, args.period, args.read_bps, args.cache)
+        node = node_setup(mix, args.cpus, args.read_bps, args.cache, args.period, args.settle_period)
         runs, document = benchmark(mix, policies, repeats, node, args.cache, args.workdir, progress=print_progress)
         print(report.table(document["policies"], policies))
         for line in goal_lines(document):
@@ -121,7 +125,7 @@ def _prediction_start(args: argparse.Namespace) -> int:
     mix = load_mix(args.mix or PREDICTION_MIX)
     if args.scale is not None:
         mix = mix.scaled(args.scale)
-    node = node_setup(mix, args.cpus, args.period, args.read_bps, args.cache)
+    node = node_setup(mix, args.cpus, args.read_bps, args.cache, args.period, args.settle_period)
     document = prediction_start.compare(mix, args.repeats or 3, node, prepare_datasets(mix, args.cache),
                                         args.workdir, progress=print_progress)
     print(prediction_start.table(document))
@@ -131,13 +135,15 @@ def _prediction_start(args: argparse.Namespace) -> int:
     return 0
 
 
-def node_setup(mix: Mix, cpus: str, period: float, read_bps: float | None, cache: Path) -> NodeSetup:
+def node_setup(mix: Mix, cpus: str, read_bps: float | None, cache: Path, period: float = NodeSetup.period_s,
+               settle_period: float = NodeSetup.settle_period_s) -> NodeSetup:
     """The controller's view of the node: bandwidth of the disk holding the datasets."""
     from controller.backends.blockdev import read_device_of
 
     cache.mkdir(parents=True, exist_ok=True)
     bandwidth = read_bps or mix.read_bps or DEFAULT_READ_BPS
-    return NodeSetup(cpus=cpus, period_s=period, read_bps=bandwidth, read_device=read_device_of(cache))
+    return NodeSetup(cpus=cpus, period_s=period, settle_period_s=settle_period, read_bps=bandwidth,
+                     read_device=read_device_of(cache))
 
 
 def prepare_datasets(mix: Mix, cache: Path) -> dict[str, Path]:
@@ -182,8 +188,8 @@ def benchmark(
     document = {
         "benchmark": "adloader node benchmark (GPU-emulated: each job's GPU step is a sleep)",
         "machine": {"cpus_managed": node.cpus, "platform": platform.platform(), "python": sys.version.split()[0]},
-        "node": {"cpus": node.cpus, "period_s": node.period_s, "read_bps": node.read_bps,
-                 "read_device": node.read_device},
+        "node": {"cpus": node.cpus, "period_s": node.period_s, "settle_period_s": node.settle_period_s,
+                 "read_bps": node.read_bps, "read_device": node.read_device},
         "mix": mix.to_dict(),
         "policies_order": list(policies),
         "repeats": repeats,

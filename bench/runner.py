@@ -34,6 +34,7 @@ from bench.controller_process import CGROUP_ROOT, Cleanup, ControllerProcess, Jo
 from bench.mix import JobSpec, Mix
 from bench.model_jobs import write_features
 from controller.backends.cgroupfs import write_interface
+from controller.daemon import ControllerConfig
 from controller.policies.oracle import CURVES_VAR
 from controller.snapshot import NodeSnapshot
 
@@ -51,7 +52,9 @@ class NodeSetup:
     """How the benchmark's controller manages the node."""
 
     cpus: str = "0-1"
-    period_s: float = 0.5
+    period_s: float = ControllerConfig.period_s
+    settle_period_s: float = ControllerConfig.settle_period_s
+    """The controller's own defaults: what a user runs."""
     read_bps: float | None = None
     read_device: str | None = None
 
@@ -184,7 +187,8 @@ def job_command(spec: JobSpec, dataset: Path, timeline: Path, features: Path | N
 
 
 def _controller_options(policy: str, node: NodeSetup) -> tuple[str, ...]:
-    options = ("--policy", policy, "--cpus", node.cpus, "--backend", "cgroup-v1")
+    options = ("--policy", policy, "--cpus", node.cpus, "--backend", "cgroup-v1",
+               "--settle-period", str(node.settle_period_s))
     if node.read_bps is not None and node.read_device is not None:
         options += ("--read-bps", str(int(node.read_bps)), "--read-device", node.read_device)
     return options

@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from controller.change_clock import ChangeClock
+from controller.change_clock import ChangeClock, settling
 from controller.policies.base import JobAllocation, JobView, NodeResources, Policy
 from controller.policies.shares import contended_cores
 from controller.safety_net import SafetyNet
@@ -120,7 +120,7 @@ class _Live:
     ended_at: float | None = None
     estimator: LoadingCurveEstimator = field(default_factory=LoadingCurveEstimator)
     window: deque = field(default_factory=deque)
-    """(samples, cpu seconds) per step over the registry's window."""
+    """(samples, cpu seconds, step seconds) per step over the registry's window."""
     m_bias: float = 1.0
 
 
@@ -165,6 +165,9 @@ class SimNode:
     read_bps: float | None = None
     """Read bandwidth the controller manages (--read-bps); None: not managed."""
     period_s: float = 1.0
+    settle_period_s: float = 0.5
+    """The period while the node settles (the controller's --settle-period; never longer than
+    ``period_s``): the loop steps the same way the daemon does."""
     cpu_noise: float = 0.03
     rate_noise: float = 0.05
     """Relative noise of a window's CPU accounting and of its samples/s beyond counting whole
@@ -220,7 +223,7 @@ def simulate(node: SimNode, jobs: Sequence[SimJob], policy: Policy, seed: int = 
             now = now + node.period_s if starting else pending[0].arrival_s if pending else now
             continue
         clock.now = now
-        views = change_clock.annotate([_view(job, applied, now, node) for job in live.values()], step_events)
+        views = change_clock.annotate([_view(job, applied) for job in live.values()], step_events)
         start = time.perf_counter()
         wanted = {v.job_id: JobAllocation() for v in views}
         wanted.update({k: v for k, v in policy.allocate(resources, views).items() if k in wanted})
@@ -231,8 +234,9 @@ def simulate(node: SimNode, jobs: Sequence[SimJob], policy: Policy, seed: int = 
         change_clock.applied(applied)
         steps.append(StepRecord(t=now, allocations={
             live[j].spec.name: (a.cores, a.cpu_weight, a.workers) for j, a in applied.items()}))
-        _advance(node, live, starting, applied, now, rng)
-        now += node.period_s
+        period = min(node.settle_period_s, node.period_s) if settling(views) else node.period_s
+        _advance(node, live, starting, applied, now, period, rng)
+        now += period
     for job in [*live.values(), *starting]:
         job.ended_at = now
         finished.append(job)
@@ -244,11 +248,11 @@ def simulate(node: SimNode, jobs: Sequence[SimJob], policy: Policy, seed: int = 
     )
 
 
-def _view(job: _Live, applied: dict[str, JobAllocation], now: float, node: SimNode) -> JobView:
+def _view(job: _Live, applied: dict[str, JobAllocation]) -> JobView:
     spec = job.spec
-    samples = sum(s for s, _ in job.window)
-    cpu = sum(c for _, c in job.window)
-    span = len(job.window) * node.period_s
+    samples = sum(s for s, _, _ in job.window)
+    cpu = sum(c for _, c, _ in job.window)
+    span = sum(dt for _, _, dt in job.window)
     measured_m = spec.max_throughput * job.m_bias if job.done >= 8 * spec.batch_size else None
     return JobView(
         job_id=job.job_id, name=spec.name, gpus=spec.gpus, ranks=spec.ranks,
@@ -256,15 +260,16 @@ def _view(job: _Live, applied: dict[str, JobAllocation], now: float, node: SimNo
         cpu_s_per_sample=cpu / samples if samples > 0 else None,
         bytes_per_sample=spec.bytes_per_sample if samples > 0 else None,
         loading_curve=job.estimator.points(), curve_windows=job.estimator.observations,
-        achieved=samples / span if span >= 2 * node.period_s else None,
+        curve_batches=job.estimator.evidence_batches,
+        achieved=samples / span if len(job.window) >= 2 else None,
         remaining_samples=max(0.0, spec.samples - job.done),  # declared, as `adloader run --samples` does
         current=applied.get(job.job_id, JobAllocation()),
     )
 
 
 def _advance(node: SimNode, live: dict[str, _Live], starting: Sequence[_Live], applied: dict[str, JobAllocation],
-             now: float, rng: random.Random) -> None:
-    """One period of the node: the kernel shares the cores (starting jobs' processes at the
+             now: float, period: float, rng: random.Random) -> None:
+    """One period of the node (``period`` seconds): the kernel shares the cores (starting jobs' processes at the
     default weight), the disk is shared, jobs progress, and each job's window is measured."""
     demands: dict[str, float] = {job.job_id: STARTUP_CORES for job in starting}
     weights: dict[str, float] = {job.job_id: float(DEFAULT_WEIGHT) for job in starting}
@@ -297,20 +302,20 @@ def _advance(node: SimNode, live: dict[str, _Live], starting: Sequence[_Live], a
         spec = job.spec
         rate = rates[job_id]
         used = min(cores[job_id], spec.cores_for(rate, now - spec.arrival_s, inflation)) if rate > 0 else 0.0
-        job.done += rate * node.period_s
-        job.busy_s += node.period_s * rate / spec.max_throughput
-        job.wall_s += node.period_s
-        batches = _poisson(rng, rate * node.period_s / spec.batch_size)
+        job.done += rate * period
+        job.busy_s += period * rate / spec.max_throughput
+        job.wall_s += period
+        batches = _poisson(rng, rate * period / spec.batch_size)
         seen = batches * spec.batch_size * math.exp(rng.gauss(0.0, node.rate_noise))
-        cpu = used * node.period_s * math.exp(rng.gauss(0.0, node.cpu_noise))
-        job.window.append((seen, cpu))
-        while len(job.window) * node.period_s > WINDOW_S:
+        cpu = used * period * math.exp(rng.gauss(0.0, node.cpu_noise))
+        job.window.append((seen, cpu, period))
+        while sum(dt for _, _, dt in job.window) > WINDOW_S + 1e-9:
             job.window.popleft()
-        span = len(job.window) * node.period_s
-        window_samples = sum(s for s, _ in job.window)
-        window_cpu = sum(c for _, c in job.window)
+        span = sum(dt for _, _, dt in job.window)
+        window_samples = sum(s for s, _, _ in job.window)
+        window_cpu = sum(c for _, c, _ in job.window)
         if window_cpu > 0:
-            job.estimator.observe(window_cpu / span, window_samples / span)
+            job.estimator.observe(window_cpu / span, window_samples / span, batches)
 
 
 def oversubscription_inflation(workers: float, cores: float) -> float:

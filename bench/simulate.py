@@ -247,9 +247,11 @@ def node_row(node: SimNode, n_jobs: int, n_mixes: int, make_mix: Callable[[int, 
 
 # ---------------------------------------------------------------------------------------- reality check
 
-def jobs_from_measured_mix(document: dict[str, Any]) -> tuple[list[SimJob], float | None, float]:
+def jobs_from_measured_mix(document: dict[str, Any]) -> tuple[list[SimJob], SimNode]:
     """The jobs of a measured 2-core benchmark run as simulated jobs, with their measured costs
-    (the oracle's true curves where the run has them, else the cost by image side)."""
+    (the oracle's true curves where the run has them, else the cost by image side), and the
+    node they ran on (its read bandwidth and control periods; a run from before the settle
+    period stepped at one period throughout)."""
     curves = document.get("true_curves") or {}
     jobs = []
     for spec in document["mix"]["jobs"]:
@@ -275,7 +277,9 @@ def jobs_from_measured_mix(document: dict[str, Any]) -> tuple[list[SimJob], floa
                            python_cap=spec["batch_size"] / (python_s + spec["compute_ms_per_batch"] / 1000.0)
                            if python_s > 0 else math.inf))
     node = document.get("node", {})
-    return jobs, node.get("read_bps"), float(node.get("period_s", 0.5))
+    period = float(node.get("period_s", 0.5))
+    return jobs, SimNode(cores=2, disk_bps=DISK_BPS, read_bps=node.get("read_bps"), period_s=period,
+                         settle_period_s=float(node.get("settle_period_s", period)))
 
 
 def reality_check(documents: Sequence[dict[str, Any]], seeds: int = 3) -> list[dict[str, Any]]:
@@ -285,8 +289,7 @@ def reality_check(documents: Sequence[dict[str, Any]], seeds: int = 3) -> list[d
         measured = {p: v["gpu_busy"] for p, v in document["policies"].items()}
         if not {"adaptive", "static", "even"} <= set(measured):
             continue
-        jobs, read_bps, period = jobs_from_measured_mix(document)
-        node = SimNode(cores=2, disk_bps=DISK_BPS, read_bps=read_bps, period_s=period)
+        jobs, node = jobs_from_measured_mix(document)
         simulated: dict[str, list[float]] = {p: [] for p in ("static", "even", "adaptive")}
         for seed in range(seeds):
             for name in simulated:
@@ -312,20 +315,25 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="job counts of the crossing-phase mixes (every job changes phase)")
     parser.add_argument("--mixes", type=int, default=3, help="seeded mixes per node size and job count")
     parser.add_argument("--period", type=float, default=1.0, help="control period, s (the controller's default)")
+    parser.add_argument("--settle-period", type=float, default=0.5,
+                        help="control period while the node settles, s (the controller's default)")
     parser.add_argument("--quick", action="store_true", help="one mix per size, 64 cores and 4 jobs only")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     args = parser.parse_args(argv)
     if args.quick:
         args.cores, args.jobs, args.crossing_jobs, args.mixes = [64], [4], [4], 1
     started = time.perf_counter()
+
+    def sim_node(cores: int) -> SimNode:
+        return SimNode(cores=cores, disk_bps=DISK_BPS, period_s=args.period, settle_period_s=args.settle_period)
+
     scale = []
     print("SIMULATED (bench/sim_node.py): GPU-weighted busy, medians over mixes")
     print(f"{'node':>10} {'jobs':>4} {'static':>7} {'even':>7} {'adapt':>7} {'oracle':>7} {'a/static':>8} "
           f"{'a/even':>7} {'a/oracle':>8} {'phased/o':>8} {'settle':>7} {'chg/j-min':>9} {'ms/step':>8}")
     for cores in args.cores:
         for n in args.jobs:
-            row = node_row(SimNode(cores=cores, disk_bps=DISK_BPS, period_s=args.period), n, args.mixes,
-                           scale_mix, POLICIES)
+            row = node_row(sim_node(cores), n, args.mixes, scale_mix, POLICIES)
             mixes, summary, med = row["mixes"], row["gpu_busy_median"], row["adaptive_ratio_median"]
             settle = max(m["policies"]["adaptive"]["settle_s_max"] for m in mixes)
             changes = statistics.median(m["policies"]["adaptive"]["changes_per_job_minute"] for m in mixes)
@@ -342,8 +350,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{'phased/o':>8} {'a/static':>8}")
     for cores in args.cores:
         for n in args.crossing_jobs:
-            crossing.append(node_row(SimNode(cores=cores, disk_bps=DISK_BPS, period_s=args.period), n, args.mixes,
-                                     crossing_mix, CROSSING_POLICIES))
+            crossing.append(node_row(sim_node(cores), n, args.mixes, crossing_mix, CROSSING_POLICIES))
             summary, med = crossing[-1]["gpu_busy_median"], crossing[-1]["adaptive_ratio_median"]
             print(f"{cores:>5}c/8g {n:>4} {summary['static']:>7.3f} {summary['oracle']:>7.3f} "
                   f"{summary['oracle_phased']:>7.3f} {summary['adaptive']:>7.3f} {med['adaptive_vs_oracle']:>7.3f}x "
@@ -365,7 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     document = {
         "benchmark": "adloader policies at 8-GPU scale, SIMULATED (bench/sim_node.py drives the real policies)",
         "machine": {"platform": platform.platform(), "python": platform.python_version()},
-        "period_s": args.period, "scale": scale, "crossing_phases": crossing, "reality_check": check,
+        "period_s": args.period, "settle_period_s": args.settle_period, "scale": scale, "crossing_phases": crossing, "reality_check": check,
         "reality_check_abs_difference_pct": {"median": statistics.median(differences) if differences else None,
                                              "max": max(differences, default=None)},
         "wall_s": time.perf_counter() - started,

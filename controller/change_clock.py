@@ -6,6 +6,9 @@ the JobViews (``allocation_age_s``, ``since_event_s``, ``newly_modelled``,
 ``departure_step``): ``adaptive`` changes a settled job's limits at most once a minute
 unless the gain is urgent, settles freely for a while after an arrival or a departure, and
 plans a job the step its model becomes known and the jobs left the step one departs.
+
+The loop also says whether the node is still settling (:func:`settling`), so the daemon can
+step at its shorter settle period until every newcomer's plan is made.
 """
 from __future__ import annotations
 
@@ -15,9 +18,13 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from controller.policies.base import JobAllocation, JobView
 from controller.policies.shares import measured_model
+from controller.policies.worth import MATURE_CURVE_WINDOWS
 
 JOB_SET_EVENTS = frozenset({"arrival", "departure", "adoption", "policy_change"})
 """Events after which the node settles anew."""
+
+SETTLING_AFTER_EVENT_S = 10.0
+"""How long after an arrival or departure the node counts as settling (adaptive's ``settle_s``)."""
 
 
 class ChangeClock:
@@ -64,3 +71,17 @@ class ChangeClock:
         for job_id in set(self._last) - set(allocations):
             del self._last[job_id]
             self._changed_at.pop(job_id, None)
+
+
+def settling(views: Sequence[JobView], after_event_s: float = SETTLING_AFTER_EVENT_S) -> bool:
+    """True while a plan may still be on its way: an arrival or departure less than
+    ``after_event_s`` ago (``views`` as :meth:`ChangeClock.annotate` returns them), or a job
+    reporting samples whose loading curve rests on fewer than MATURE_CURVE_WINDOWS windows.
+    A curve is learnt from one window per control step, so a newcomer is planned after about
+    five steps and planned apart from jobs nearly worth the same after about ten: at a
+    one-second period that is ten seconds after its first report, at half a second five."""
+    return any(
+        (view.since_event_s is not None and view.since_event_s < after_event_s)
+        or (view.achieved is not None and (view.curve_windows or 0) < MATURE_CURVE_WINDOWS)
+        for view in views
+    )

@@ -17,7 +17,7 @@ from adloader.cpuspec import format_cpus
 from controller import faults
 from controller.allocations import AllocationStore, ApplyFailure
 from controller.backends.base import BackendError, ResourceBackend
-from controller.change_clock import ChangeClock
+from controller.change_clock import ChangeClock, settling
 from controller.policies.base import JobAllocation, JobView, NodeResources, Policy
 from controller.reconciler import Change, Failure, reconcile
 from controller.registry import Registry
@@ -42,6 +42,9 @@ class StepOutcome:
     pids: dict[str, set[int]]
     """Each job's processes as read at this step (the daemon's snapshot uses them instead of
     reading every job's cgroup.procs again)."""
+    settling: bool = False
+    """The node is still settling (:func:`controller.change_clock.settling`): the daemon steps
+    at its settle period."""
 
 
 class ControlLoop:
@@ -118,6 +121,7 @@ class ControlLoop:
         return StepOutcome(
             wanted=wanted, changes=list(result.changes), failures=list(result.failures),
             reason=reason if changed else None, seconds=self.last_step_seconds, pids=pids,
+            settling=settling(views),
         )
 
 

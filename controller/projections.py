@@ -44,7 +44,7 @@ def view_of(job: "Job", current: JobAllocation) -> JobView:
         max_throughput=max_tp, max_throughput_interval=interval,
         cpu_s_per_sample=model.cpu_s_per_sample, bytes_per_sample=model.bytes_per_sample,
         loading_curve=job.loading_curve.points(), curve_windows=job.loading_curve.observations,
-        achieved=job.measurement.rates.achieved,
+        curve_batches=job.loading_curve.evidence_batches, achieved=job.measurement.rates.achieved,
         remaining_samples=job.remaining, current=current,
     )
 

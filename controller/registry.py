@@ -62,6 +62,9 @@ class Job:
     restored: LearntModel = field(default_factory=LearntModel)
     """What an earlier controller measured of the job (the state file): it stands in until
     this controller measures the same."""
+    batches_counted: int = 0
+    """Batches its ranks had reported in all at the last control step (the curve's evidence
+    grows by the difference)."""
     cpu_samples: deque[tuple[float, float]] = field(default_factory=deque)
     """(monotonic time, CPU seconds of the job's whole group) over the window."""
     measurement: Measurement = field(default_factory=Measurement)
@@ -237,8 +240,10 @@ class Registry:
             seconds = cpu_seconds.get(job.job_id) if cpu_seconds is not None else None
             job.measurement = measure(job.ranks, now, self.window_s, seconds, job.cpu_samples)
             achieved, cores = job.measurement.rates.achieved, job.measurement.cores_used
+            batches = sum(report.batches for report in job.measurement.latest)
+            new_batches, job.batches_counted = max(0, batches - job.batches_counted), batches
             if not job.ended and achieved is not None and cores is not None:
-                job.loading_curve.observe(cores, achieved)
+                job.loading_curve.observe(cores, achieved, new_batches)
 
     def predict_pending(self) -> None:
         """Ask again for the jobs whose prediction was not ready at registration (the

@@ -13,6 +13,7 @@ import pytest
 
 from adloader import protocol
 from controller.backends.cgroup_v2 import CgroupV2Backend
+from controller.change_clock import SETTLING_AFTER_EVENT_S
 from controller.daemon import Controller, ControllerConfig
 from controller.peer import PeerCredentials
 from controller.policies import JobAllocation, NodeResources, make_policy
@@ -138,3 +139,19 @@ def test_a_step_reads_each_jobs_processes_once_for_its_decision_and_its_snapshot
     reaper_reads = {job.job_id: int(not (job.connected and not job.ended)) for job in controller.registry}
     assert backend.reads == {job_id: 1 + reaper_reads[job_id] for job_id in MODELS}
     assert {job.job_id: job.pids for job in controller.snapshot().jobs} == {job_id: (os.getpid(),) for job_id in MODELS}
+
+
+def test_the_controller_steps_at_its_settle_period_until_the_node_has_settled(tmp_path: Path) -> None:
+    """After an adoption (an event) the step comes every settle period; once the event is
+    SETTLING_AFTER_EVENT_S old and every reporting job's curve is mature (restored here with
+    eight windows), every period."""
+    clock = Clock()
+    controller, _ = _controller(tmp_path, clock)
+    _save_earlier_run(controller.config.state_dir, _saved_plan())
+    controller.recover()
+    assert controller.next_period_s() == controller.config.settle_period_s < controller.config.period_s
+    controller.step()
+    assert controller.next_period_s() == controller.config.settle_period_s
+    clock.now += SETTLING_AFTER_EVENT_S + 1.0
+    controller.step()
+    assert controller.next_period_s() == controller.config.period_s

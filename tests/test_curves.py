@@ -130,3 +130,16 @@ def test_the_curve_asked_for_between_windows_is_the_fit_of_the_windows_so_far(
     restarted = LoadingCurveEstimator()
     restarted.resume(estimator.observed())
     assert restarted.points() == estimator.points()
+
+
+def test_the_evidence_is_the_batches_of_the_kept_windows_and_unknown_once_resumed() -> None:
+    estimator = LoadingCurveEstimator()
+    for _ in range(WARMUP_OBSERVATIONS + MIN_OBSERVATIONS - 1):
+        estimator.observe(1.0, 100.0, 5)
+    assert estimator.evidence_batches is None  # the curve does not rest on its windows yet
+    estimator.observe(1.0, 100.0, 5)
+    assert estimator.evidence_batches == 5 * MIN_OBSERVATIONS  # warm-up windows count for nothing
+    resumed = LoadingCurveEstimator()
+    resumed.resume(estimator.observed())
+    resumed.observe(1.0, 100.0, 5)
+    assert resumed.evidence_batches is None

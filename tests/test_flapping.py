@@ -13,7 +13,7 @@ import pytest
 from bench.sim_node import SimJob, SimNode, simulate
 from controller.policies import JobAllocation, JobView, NodeResources, make_policy
 
-TWO_CORES = SimNode(cores=2, period_s=1.0)
+TWO_CORES = SimNode(cores=2)  # the controller's periods: 1 s, 0.5 s while settling
 
 
 def _identical(n: int, seconds: float) -> list[SimJob]:
@@ -55,15 +55,17 @@ def test_a_job_clearly_worth_more_per_core_is_still_served_first() -> None:
     assert allocation["four-gpus"].cpu_weight > 5 * allocation["one-gpu"].cpu_weight
 
 
-@pytest.mark.parametrize(("ratio", "windows", "equal"), [
-    (1.7, 4, True),    # young curves 1.7x apart: noise, planned as equals
-    (1.7, 8, False),   # the same gap on mature curves is real
-    (3.0, 4, False),   # 3x apart is told apart at once
+@pytest.mark.parametrize(("ratio", "batches", "equal"), [
+    (1.7, 10.0, True),     # curves 1.7x apart, each counted from ten batches: noise, planned as equals
+    (1.7, 1000.0, False),  # the same gap counted from a thousand batches is real
+    (1.7, None, False),    # not counted (resumed from a checkpoint): no doubt
+    (6.0, 10.0, False),    # 6x apart is beyond the noise of ten batches: told apart at once
 ])
-def test_young_curves_are_planned_as_equals_up_to_twice_the_worth(ratio: float, windows: int, equal: bool) -> None:
+def test_curves_counted_from_few_batches_are_planned_as_equals_until_the_gap_beats_the_noise(
+        ratio: float, batches: float | None, equal: bool) -> None:
     node = NodeResources(cpus=(0, 1))
     jobs = [JobView(job_id=job_id, name="x", max_throughput=200.0, loading_curve=((1.0, rate),),
-                    curve_windows=windows, current=JobAllocation())
+                    curve_windows=4, curve_batches=batches, current=JobAllocation())
             for job_id, rate in (("a", 50.0), ("b", 50.0 * ratio))]
     allocation = make_policy("adaptive").allocate(node, jobs)
     assert (allocation["a"].cpu_weight == allocation["b"].cpu_weight) is equal

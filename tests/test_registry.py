@@ -278,3 +278,23 @@ def test_snapshots_show_what_is_applied_and_what_failed_to_apply(clock: Clock) -
     snap = registry.snapshot(registry.get("j1"), pids=set(), allocation=allocations.get("j1"))  # type: ignore[arg-type]
     assert (snap.cpu_weight, snap.read_bps, snap.workers_target) == (300, None, 2)
     assert snap.failed_to_apply == {"read_bps": "blkio.throttle.read_bps_device: No such device"}
+
+
+def test_the_curve_counts_the_batches_its_windows_were_measured_from(clock: Clock) -> None:
+    """The evidence behind the curve (JobView.curve_batches): the batches all ranks delivered
+    over the steps of its windows; none before the curve rests on its own windows."""
+    registry = _registry(clock)
+    _register(registry)
+    batches = {0: 0, 1: 0}
+    for step in range(WARMUP_OBSERVATIONS + MIN_OBSERVATIONS + 1):
+        clock.now += 1
+        for rank in (0, 1):
+            batches[rank] += 3 + rank  # 7 a step in all
+            registry.record_report("j1", _report(rank, batches[rank] * 32, 0.1 * step, 0.5 * step, 0.4 * step, 0))
+        registry.measure()
+        view = registry.views({})[0]
+        if view.curve_windows is not None and view.curve_windows < MIN_OBSERVATIONS:
+            assert view.curve_batches is None
+    # the first step's reports start the windows; every later one adds a point of 7 batches
+    assert view.curve_windows == MIN_OBSERVATIONS
+    assert view.curve_batches == 7 * MIN_OBSERVATIONS

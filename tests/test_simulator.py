@@ -32,7 +32,7 @@ class _Recording:
 
 
 def test_a_starting_job_is_not_seen_costs_cpu_and_is_not_in_its_busy_wall() -> None:
-    node = SimNode(cores=1, period_s=1.0)
+    node = SimNode(cores=1, period_s=1.0, settle_period_s=1.0)  # one step a second throughout
     # "hungry" needs two cores: it takes every cycle the starting job's process leaves it
     hungry = SimJob(name="hungry", gpus=1, max_throughput=200.0, cpu_s_per_sample=0.01, samples=200.0 * 60,
                     requested_workers=4)
@@ -107,9 +107,9 @@ def test_the_real_node_mix_is_replayed_with_its_phase_and_its_python_work() -> N
     process starts (as bench/job.py does), and the job with 35 ms of Python per 40 ms step
     never runs more than a batch per 75 ms, whatever its loader's cores."""
     mix = json.loads((Path(__file__).resolve().parents[1] / "bench" / "mixes" / "real_node.json").read_text())
-    jobs, read_bps, _ = jobs_from_measured_mix({"mix": mix, "node": {"read_bps": 6e8}})
+    jobs, node = jobs_from_measured_mix({"mix": mix, "node": {"read_bps": 6e8}})
     by_name = {job.name: job for job in jobs}
-    assert read_bps == 6e8
+    assert node.read_bps == 6e8
     assert by_name["resnet-phase-2g"].phases == ((25.0, 2.0),)
     assert by_name["resnet-phase-2g"].cost(30.0) == pytest.approx(2 * by_name["resnet-phase-2g"].cost(10.0))
     assert by_name["pybound-1g"].python_cap == pytest.approx(32 / 0.075)

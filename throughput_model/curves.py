@@ -89,15 +89,19 @@ class LoadingCurveEstimator:
         self._prior = prior_cpu_s_per_sample
         self._resolution = resolution_cores
         self._observations: deque[Point] = deque(maxlen=max_observations)
+        self._batches: deque[float | None] = deque(maxlen=max_observations)
+        """New batches the job delivered in each kept window's step (None: not counted)."""
         self._seen = 0
         self._fitted: tuple[Point, ...] | None = None
         """points() since the last window: every status read and control step asks for it."""
         self.phase_changes = 0
         """Change points found so far (each dropped the windows before it)."""
 
-    def observe(self, cores_used: float, samples_per_s: float) -> None:
+    def observe(self, cores_used: float, samples_per_s: float, new_batches: float | None = None) -> None:
         """Record one window: the job used ``cores_used`` cores and delivered
-        ``samples_per_s``. Windows with no CPU or non-finite values are ignored."""
+        ``samples_per_s``, ``new_batches`` of them since the previous window (the evidence
+        the curve gains; None: not counted). Windows with no CPU or non-finite values are
+        ignored."""
         if not (math.isfinite(cores_used) and math.isfinite(samples_per_s)):
             return
         if cores_used <= 0 or samples_per_s < 0:
@@ -106,15 +110,25 @@ class LoadingCurveEstimator:
         if self._seen > WARMUP_OBSERVATIONS:
             self._fitted = None
             self._observations.append((float(cores_used), float(samples_per_s)))
+            self._batches.append(new_batches)
             if changed_phase(self._observations, self._resolution):
-                recent = list(self._observations)[-CHANGE_WINDOWS:]
-                self._observations.clear()
-                self._observations.extend(recent)
+                _keep_last(self._observations, CHANGE_WINDOWS)
+                _keep_last(self._batches, CHANGE_WINDOWS)
                 self.phase_changes += 1
 
     @property
     def observations(self) -> int:
         return len(self._observations)
+
+    @property
+    def evidence_batches(self) -> float | None:
+        """Batches delivered over the steps of the kept windows: what the curve's rate was
+        counted from (whole batches, so its relative noise is about 1/sqrt of this). None
+        before the curve rests on its windows (a prior, or nothing) and when some window was
+        not counted (resumed from a checkpoint): no doubt is assumed then."""
+        if len(self._batches) < MIN_OBSERVATIONS or any(b is None for b in self._batches):
+            return None
+        return float(sum(b for b in self._batches if b is not None))
 
     def observed(self) -> tuple[Point, ...]:
         """The windows kept (warm-up excluded), oldest first: what a checkpoint saves."""
@@ -126,6 +140,7 @@ class LoadingCurveEstimator:
         self._fitted = None
         for cores, sps in observed:
             self._observations.append((float(cores), float(sps)))
+            self._batches.append(None)
             self._seen = max(self._seen, WARMUP_OBSERVATIONS) + 1
 
     def points(self) -> tuple[Point, ...]:
@@ -138,6 +153,12 @@ class LoadingCurveEstimator:
         if self._fitted is None:
             self._fitted = fit_loading_curve(self._observations, self._resolution)
         return self._fitted
+
+
+def _keep_last(kept: deque, n: int) -> None:
+    """Drop all but the last ``n`` items of ``kept``."""
+    while len(kept) > n:
+        kept.popleft()
 
 
 def fit_loading_curve(observations: Iterable[Point], resolution_cores: float = 0.05) -> tuple[Point, ...]:

@@ -82,8 +82,8 @@ class AdaptivePolicy:
         jobs = sorted(jobs, key=lambda j: j.job_id)
         measured = {job.job_id: model for job in jobs if (model := measured_model(job)) is not None}
         weights = self.weights(jobs, measured)
-        young = {job.job_id for job in jobs if _young(job)}
-        models = pool_equal_worth(measured, weights, young=young)
+        evidence = {job.job_id: job.curve_batches for job in jobs if job.curve_batches is not None}
+        models = pool_equal_worth(measured, weights, evidence=evidence)
         target = self._target(node, jobs, models, weights)
         if self._keep_current(node, jobs, models, weights, target):
             return {job.job_id: job.current for job in jobs}

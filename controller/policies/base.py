@@ -77,6 +77,10 @@ class JobView:
     """Measured (cores, loading samples/s) points, concave through the origin; empty: use c/p."""
     curve_windows: int | None = None
     """Measurement windows behind ``loading_curve`` (0: a prior only); None: not tracked."""
+    curve_batches: float | None = None
+    """Batches the job delivered over those windows: the curve's rate is counted in whole
+    batches, so its relative noise is about 1/sqrt(curve_batches). None: not counted (no
+    doubt assumed)."""
     achieved: float | None = None
     """T: samples/s measured over the last window."""
     remaining_samples: float | None = None

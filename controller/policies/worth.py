@@ -18,7 +18,7 @@ tie-break shares the cores so they are equally busy; jobs clearly worth more per
 from __future__ import annotations
 
 import math
-from typing import Collection, Mapping
+from typing import Mapping
 
 from controller.policies.shares import JobModel
 
@@ -30,15 +30,20 @@ whole batches per window): in the simulator two identical jobs still traded the 
 cost 2x to 5x between image sizes."""
 
 
-YOUNG_TOLERANCE = 1.0
-"""The tolerance while a job's curve rests on fewer than MATURE_CURVE_WINDOWS windows. The
-first curves of two identical jobs, four overlapping windows of a few whole batches each,
-differed by 1.6x: planned on them, one of two identical jobs got every contended core six
-seconds in, and the safety net or the next plan swapped them back (the simulator, 11 of 40
-seeds; 0 of 40 when the first plan waited for eight windows). Jobs that differ by more than
-2x per core (4x the GPUs, 3-5x the loading cost) are still told apart at once; finer
-differences wait for the curve to mature."""
 MATURE_CURVE_WINDOWS = 8
+"""Windows after which a job's curve counts as mature: until then the node has not settled
+(policies/adaptive.py, controller/change_clock.py)."""
+
+EVIDENCE_Z = 3.0
+"""How many standard deviations of counting noise two worths must differ by before they are
+told apart. A curve's rate is counted in whole batches: from n of them its relative noise is
+about 1/sqrt(n), and the log-ratio of two jobs' worths has about sqrt(1/n_a + 1/n_b). The
+windows overlap and come every step, so at a half-second settle period eight windows hold
+only some four seconds of batches: two identical jobs delivering three batches a second each
+were 1.7x apart at maturity and one of them got every contended core (the simulator: 18 of
+40 seeds under the fixed 2x tolerance for young curves this replaces, 1 of 40 with 3 standard
+deviations, 0 of 40 with 4 but the slowest settle on the seeded random mixes 7 s instead of
+6). Jobs counting many batches are told apart as soon as their curves are trusted."""
 
 
 def worth_per_core(model: JobModel, weight: float) -> float:
@@ -52,21 +57,27 @@ def worth_per_core(model: JobModel, weight: float) -> float:
 
 def pool_equal_worth(
     models: Mapping[str, JobModel], weights: Mapping[str, float], tolerance: float = WORTH_TOLERANCE,
-    young: Collection[str] = (),
+    evidence: Mapping[str, float] | None = None,
 ) -> dict[str, JobModel]:
     """``models`` with the curves of jobs of about equal worth per core scaled to their group's
     geometric-mean worth (groups: sorted by worth, each starting at its lowest member and
-    holding every job within ``1 + tolerance`` of it, ``1 + YOUNG_TOLERANCE`` where either of
-    the two is in ``young``: its curve is still young)."""
+    holding every job within ``1 + tolerance`` of it, or within EVIDENCE_Z standard deviations
+    of the counting noise of the batches in ``evidence`` where that is wider; a job missing
+    from it has no such noise)."""
     worth = {job_id: worth_per_core(model, weights[job_id]) for job_id, model in models.items()}
     ordered = sorted((w, job_id) for job_id, w in worth.items() if math.isfinite(w) and w > 0)
     pooled = dict(models)
-    young = set(young)
+    evidence = evidence or {}
+
+    def within(low: str, high: str) -> float:
+        variance = sum(1.0 / max(1.0, evidence[j]) for j in (low, high) if j in evidence)
+        return max(tolerance, math.exp(EVIDENCE_Z * math.sqrt(variance)) - 1.0)
+
     start = 0
     while start < len(ordered):
         end = start + 1
-        while end < len(ordered) and ordered[end][0] <= ordered[start][0] * (1.0 + (
-                YOUNG_TOLERANCE if {ordered[start][1], ordered[end][1]} & young else tolerance)):
+        while end < len(ordered) and ordered[end][0] <= ordered[start][0] * (
+                1.0 + within(ordered[start][1], ordered[end][1])):
             end += 1
         group = ordered[start:end]
         if len(group) > 1:
