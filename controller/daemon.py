@@ -62,8 +62,8 @@ class ControllerConfig:
     """None: the policy the state file remembers, else :func:`default_policy`."""
     period_s: float = 1.0
     settle_period_s: float = 0.5
-    """The period while the node settles (after an arrival or departure, until every newcomer's
-    loading curve has matured; :func:`controller.change_clock.settling`); never longer than
+    """The period while the node settles (until every reporting newcomer's loading curve has
+    matured; :func:`controller.change_clock.settling`); never longer than
     ``period_s``. A newcomer's curve is learnt from one window per step, so its plan comes in
     about half the time, while the steady state keeps the cheaper ``period_s``."""
     backend: str | None = None

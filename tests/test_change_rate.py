@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from controller.change_clock import SETTLING_AFTER_EVENT_S, ChangeClock, settling
+from controller.change_clock import ChangeClock, settling
 from controller.policies import JobAllocation, JobView, NodeResources, make_policy
 from controller.policies.adaptive import AdaptivePolicy
 from controller.policies.worth import MATURE_CURVE_WINDOWS
@@ -140,17 +140,15 @@ def test_the_default_policy_is_the_rate_limited_one() -> None:
     assert policy.min_change_interval_s == 60.0 and policy.urgent_gain > policy.gain_threshold
 
 
-def test_the_node_settles_until_the_last_event_is_old_and_every_reporting_curve_has_matured() -> None:
-    """What decides the daemon's shorter settle period: an arrival or departure less than
-    SETTLING_AFTER_EVENT_S ago, or a job reporting samples whose plan is still to come (no
-    curve yet, or a young one). A job that has not reported yet has nothing to learn."""
-    old = SETTLING_AFTER_EVENT_S + 1.0
-    mature = job("a", 1, 300.0, 0.01, achieved=100.0, curve_windows=MATURE_CURVE_WINDOWS, since_event_s=old)
+def test_the_node_settles_until_every_reporting_jobs_curve_has_matured() -> None:
+    """What decides the daemon's shorter settle period: a job reporting samples whose plan is
+    still to come (no curve yet, or a young one). A job that has not reported yet has nothing
+    to learn, and an arrival or departure alone gets its own step, not a faster period."""
+    mature = job("a", 1, 300.0, 0.01, achieved=100.0, curve_windows=MATURE_CURVE_WINDOWS, since_event_s=0.0)
     assert not settling([mature])
-    assert settling([dataclasses.replace(mature, since_event_s=SETTLING_AFTER_EVENT_S - 1.0)])
-    young = job("b", 1, 300.0, 0.01, achieved=100.0, curve_windows=MATURE_CURVE_WINDOWS - 1, since_event_s=old)
+    young = job("b", 1, 300.0, 0.01, achieved=100.0, curve_windows=MATURE_CURVE_WINDOWS - 1)
     assert settling([mature, young])
-    first_reports = JobView(job_id="c", name="c", achieved=50.0, curve_windows=0, since_event_s=old)
+    first_reports = JobView(job_id="c", name="c", achieved=50.0, curve_windows=0)
     assert settling([mature, first_reports])
-    not_reporting = JobView(job_id="d", name="d", since_event_s=old)
+    not_reporting = JobView(job_id="d", name="d", curve_windows=0)
     assert not settling([mature, not_reporting])

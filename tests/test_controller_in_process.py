@@ -13,7 +13,7 @@ import pytest
 
 from adloader import protocol
 from controller.backends.cgroup_v2 import CgroupV2Backend
-from controller.change_clock import SETTLING_AFTER_EVENT_S
+from controller.policies.worth import MATURE_CURVE_WINDOWS
 from controller.daemon import Controller, ControllerConfig
 from controller.peer import PeerCredentials
 from controller.policies import JobAllocation, NodeResources, make_policy
@@ -59,12 +59,12 @@ def _controller(tmp_path: Path, clock: Clock, backend_class: type[CgroupV2Backen
     return Controller(config, backend=backend, clock=clock), root
 
 
-def _save_earlier_run(state_dir: Path, plan: dict[str, JobAllocation]) -> None:
+def _save_earlier_run(state_dir: Path, plan: dict[str, JobAllocation], windows: int = 8) -> None:
     jobs = {
         job_id: PersistedJob(
             job_id=job_id, name=job_id, uid=0, gpus=gpus, launcher_pid=os.getpid(), registered_at=1.7e9,
             cgroup="", wanted=plan[job_id], applied=plan[job_id], requested_workers=None, features=None,
-            model=LearntModel(max_throughput=m, cpu_s_per_sample=None, loading_observations=curve),
+            model=LearntModel(max_throughput=m, cpu_s_per_sample=None, loading_observations=curve[:windows]),
         )
         for job_id, (gpus, m, curve) in MODELS.items()
     }
@@ -96,19 +96,24 @@ def test_reports_are_measured_once_per_step_on_the_injected_clock(tmp_path: Path
     _save_earlier_run(controller.config.state_dir, _saved_plan())
     controller.recover()
     controller.step()
-    connection = Connection(peer=PeerCredentials(pid=os.getpid(), uid=0, gid=0))
     job_id = next(iter(MODELS))
-    for samples in (0, 3200):
-        reply = controller.handle(protocol.Report(job_id=job_id, batch_size=32, samples=samples,
-                                                  batches=samples // 32, compute_s=samples / 800), connection)
-        assert isinstance(reply, protocol.Target) and reply.num_workers is not None
-        clock.now += 2.0
+    _report_twice(controller, clock, job_id)
     before_step = next(j for j in controller.snapshot().jobs if j.job_id == job_id)
     assert before_step.achieved_sps is None  # the snapshot is the last step's measurement
     controller.step()
     measured = next(j for j in controller.snapshot().jobs if j.job_id == job_id)
     assert measured.achieved_sps == pytest.approx(3200 / 2.0)
     assert measured.max_sps_measured == pytest.approx(800.0)  # its own M replaces the restored one
+
+
+def _report_twice(controller: Controller, clock: Clock, job_id: str) -> None:
+    """Two reports of ``job_id`` two seconds apart: 3200 samples, M 800/s."""
+    connection = Connection(peer=PeerCredentials(pid=os.getpid(), uid=0, gid=0))
+    for samples in (0, 3200):
+        reply = controller.handle(protocol.Report(job_id=job_id, batch_size=32, samples=samples,
+                                                  batches=samples // 32, compute_s=samples / 800), connection)
+        assert isinstance(reply, protocol.Target) and reply.num_workers is not None
+        clock.now += 2.0
 
 
 class _CountingBackend(CgroupV2Backend):
@@ -141,17 +146,19 @@ def test_a_step_reads_each_jobs_processes_once_for_its_decision_and_its_snapshot
     assert {job.job_id: job.pids for job in controller.snapshot().jobs} == {job_id: (os.getpid(),) for job_id in MODELS}
 
 
-def test_the_controller_steps_at_its_settle_period_until_the_node_has_settled(tmp_path: Path) -> None:
-    """After an adoption (an event) the step comes every settle period; once the event is
-    SETTLING_AFTER_EVENT_S old and every reporting job's curve is mature (restored here with
-    eight windows), every period."""
-    clock = Clock()
-    controller, _ = _controller(tmp_path, clock)
-    _save_earlier_run(controller.config.state_dir, _saved_plan())
-    controller.recover()
-    assert controller.next_period_s() == controller.config.settle_period_s < controller.config.period_s
-    controller.step()
-    assert controller.next_period_s() == controller.config.settle_period_s
-    clock.now += SETTLING_AFTER_EVENT_S + 1.0
-    controller.step()
-    assert controller.next_period_s() == controller.config.period_s
+def test_the_controller_steps_at_its_settle_period_while_a_reporting_jobs_curve_is_young(tmp_path: Path) -> None:
+    """Until its first step the controller counts the node as settling; then it steps every
+    settle period only while a job that reports has a curve on fewer than MATURE_CURVE_WINDOWS
+    windows (restored here with fewer), every period otherwise."""
+    for windows, reporting, period in ((MATURE_CURVE_WINDOWS, True, "period_s"),
+                                       (MATURE_CURVE_WINDOWS - 4, False, "period_s"),
+                                       (MATURE_CURVE_WINDOWS - 4, True, "settle_period_s")):
+        clock = Clock()
+        controller, _ = _controller(tmp_path / f"{windows}-{reporting}", clock)
+        _save_earlier_run(controller.config.state_dir, _saved_plan(), windows=windows)
+        controller.recover()
+        assert controller.next_period_s() == controller.config.settle_period_s < controller.config.period_s
+        if reporting:
+            _report_twice(controller, clock, next(iter(MODELS)))
+        controller.step()
+        assert controller.next_period_s() == getattr(controller.config, period), (windows, reporting)
