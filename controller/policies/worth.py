@@ -40,10 +40,12 @@ told apart. A curve's rate is counted in whole batches: from n of them its relat
 about 1/sqrt(n), and the log-ratio of two jobs' worths has about sqrt(1/n_a + 1/n_b). The
 windows overlap and come every step, so at a half-second settle period eight windows hold
 only some four seconds of batches: two identical jobs delivering three batches a second each
-were 1.7x apart at maturity and one of them got every contended core (the simulator: 18 of
-40 seeds under the fixed 2x tolerance for young curves this replaces, 1 of 40 with 3 standard
-deviations, 0 of 40 with 4 but the slowest settle on the seeded random mixes 7 s instead of
-6). Jobs counting many batches are told apart as soon as their curves are trusted."""
+were 1.7x apart at maturity and one of them got every contended core (the simulator at the
+controller's default periods: 18 of 40 seeds under the fixed 2x tolerance for young curves
+this replaces, 1 of 40 with 2 standard deviations, 0 of 40 with 2.5 to 3.5). Jobs counting
+many batches are told apart as soon as their curves are trusted; a starved newcomer 1.8x
+from a neighbour waits until it has counted some 25 batches (7 s after its first report on
+simulated random mix 3, where the 20 seeded mixes otherwise settle within 4.5 s)."""
 
 
 def worth_per_core(model: JobModel, weight: float) -> float:
