@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from controller.change_clock import ChangeClock, settling
+from controller.change_clock import ChangeClock, settling, step_period
 from controller.policies.base import JobAllocation, JobView, NodeResources, Policy
 from controller.policies.shares import contended_cores
 from controller.safety_net import SafetyNet
@@ -234,7 +234,7 @@ def simulate(node: SimNode, jobs: Sequence[SimJob], policy: Policy, seed: int = 
         change_clock.applied(applied)
         steps.append(StepRecord(t=now, allocations={
             live[j].spec.name: (a.cores, a.cpu_weight, a.workers) for j, a in applied.items()}))
-        period = min(node.settle_period_s, node.period_s) if settling(views) else node.period_s
+        period = step_period(settling(views), node.period_s, node.settle_period_s)
         _advance(node, live, starting, applied, now, period, rng)
         now += period
     for job in [*live.values(), *starting]:
@@ -269,8 +269,9 @@ def _view(job: _Live, applied: dict[str, JobAllocation]) -> JobView:
 
 def _advance(node: SimNode, live: dict[str, _Live], starting: Sequence[_Live], applied: dict[str, JobAllocation],
              now: float, period: float, rng: random.Random) -> None:
-    """One period of the node (``period`` seconds): the kernel shares the cores (starting jobs' processes at the
-    default weight), the disk is shared, jobs progress, and each job's window is measured."""
+    """One period of the node (``period`` seconds): the kernel shares the cores (starting
+    jobs' processes at the default weight), the disk is shared, jobs progress, and each job's
+    window is measured."""
     demands: dict[str, float] = {job.job_id: STARTUP_CORES for job in starting}
     weights: dict[str, float] = {job.job_id: float(DEFAULT_WEIGHT) for job in starting}
     workers = {job_id: (a.workers if (a := applied.get(job_id, JobAllocation())).workers is not None

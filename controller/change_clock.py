@@ -70,6 +70,12 @@ class ChangeClock:
             self._changed_at.pop(job_id, None)
 
 
+def step_period(settling_now: bool, period_s: float, settle_period_s: float) -> float:
+    """Seconds to the next control step: the settle period while the node settles (never
+    longer than the period), else the period. The daemon and the simulator both step by it."""
+    return min(settle_period_s, period_s) if settling_now else period_s
+
+
 def settling(views: Sequence[JobView]) -> bool:
     """True while a plan may still be on its way: a job reporting samples whose loading curve
     rests on fewer than MATURE_CURVE_WINDOWS windows. A curve is learnt from one window per

@@ -29,7 +29,7 @@ from controller import faults
 from controller.backends.base import BackendError, ResourceBackend
 from controller.backends.detect import detect_backend
 from adloader.cpuspec import format_cpus
-from controller.change_clock import ChangeClock
+from controller.change_clock import ChangeClock, step_period
 from controller.loop import ControlLoop
 from controller.ownership import Holder, Ownership
 from controller.worker_memory import WorkerMemory
@@ -145,7 +145,7 @@ class Controller:
             self._start_metrics()
             log.info("managing CPUs %s with policy %s, period %gs (%gs while settling), read bandwidth %s; "
                      "%d job(s) adopted", format_cpus(self.node.cpus), self.loop.policy.name, self.config.period_s,
-                     self._settle_period_s(),
+                     step_period(True, self.config.period_s, self.config.settle_period_s),
                      f"{self.node.read_bps:g} B/s on {self.node.read_device}" if self.node.read_bps else "unmanaged",
                      len(self.registry))
             while not self._stopping:
@@ -158,12 +158,9 @@ class Controller:
         finally:
             await self._shut_down()
 
-    def _settle_period_s(self) -> float:
-        return min(self.config.settle_period_s, self.config.period_s)
-
     def next_period_s(self) -> float:
         """The settle period while the last step found the node settling, else the period."""
-        return self._settle_period_s() if self._settling else self.config.period_s
+        return step_period(self._settling, self.config.period_s, self.config.settle_period_s)
 
     def request_stop(self) -> None:
         """Stop at the end of the current step (safe to call from a signal handler on the loop)."""
