@@ -38,7 +38,6 @@ from controller.policies.base import Allocation, JobAllocation, JobView, NodeRes
 from controller.policies.worth import MATURE_CURVE_WINDOWS, pool_equal_worth
 from controller.policies.shares import (
     SATISFIED,
-    SATISFIED_WEIGHT,
     JobModel,
     allocations,
     contended_bandwidth,
@@ -87,11 +86,7 @@ class AdaptivePolicy:
         models = pool_equal_worth(measured, weights, evidence=evidence)
         target = self._target(node, jobs, models, weights)
         if self._keep_current(node, jobs, models, weights, target):
-            promoted = _promoted(jobs, target)
-            if promoted:
-                log.debug("%s: %s newly modelled and satisfied by the plan: given its plan, the others keep theirs",
-                          self.name, ", ".join(sorted(job.name for job in jobs if job.job_id in promoted)))
-            return {job.job_id: target[job.job_id] if job.job_id in promoted else job.current for job in jobs}
+            return {job.job_id: job.current for job in jobs}
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s: models behind the new allocation: %s", self.name, "; ".join(
                 f"{job.name} w={weights[job.job_id]:.3g} M={m.max_throughput:.0f}/s "
@@ -192,26 +187,6 @@ def _plan_anew(jobs: Sequence[JobView]) -> bool:
     """True at a step where what the jobs hold was planned for another node: a job's model has
     just become known (its even share was a placeholder), or a job has just left."""
     return any(job.newly_modelled or job.departure_step for job in jobs)
-
-
-def _promoted(jobs: Sequence[JobView], target: Allocation) -> frozenset[str]:
-    """Jobs whose model has just become known and whom the plan satisfies while they still
-    hold the placeholder's weight: they get their plan even where the whole plan gains too
-    little to be worth a change. The models share the cores as fluid, so a job whose mean
-    need fits beside the satisfied jobs looks served at any weight; the kernel serves its
-    bursts last. On seeded random mix 1 a 4-GPU reader needing 0.18 cores kept the
-    placeholder's weight 53 beside two satisfied jobs at 1020-1070 for the 10 s until a
-    departure (GPU busy 0.80-0.85 against 0.90 under ``static``). Only the promoted job's
-    limits change: it uses no more than it needs, so the others' plans stand, and sixteen
-    tiny jobs each change once, not all of them at every newcomer's model."""
-    return frozenset(
-        job.job_id for job in jobs
-        if job.newly_modelled and _satisfied_weight(target[job.job_id]) and not _satisfied_weight(job.current)
-    )
-
-
-def _satisfied_weight(allocation: JobAllocation) -> bool:
-    return allocation.cpu_weight is not None and allocation.cpu_weight >= SATISFIED_WEIGHT
 
 
 def _young(job: JobView) -> bool:
