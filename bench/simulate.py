@@ -57,11 +57,10 @@ MEASURED_COST_S = {96: 0.00056, 160: 0.00089, 224: 0.00144, 320: 0.00247, 448: 0
 the JPEG jobs of the seeded random mixes (bench/results/node_random.json, 2026-11-24 08:17,
 medians by side over its 360 JPEG job runs under static, even and adaptive), each divided
 by the oversubscription inflation of its run's time-averaged workers per core, which leaves
-the three policies within 5% of each other at every side; 512 px (readers only there) by 448 px's cost per
-pixel. The table before, from node.json's true curves (96-320 px, 448 and 512 px by the same
-cost per pixel), was 13-36% dearer, most for the largest images: those curves are samples
-per core-second under a quota, which the quota's burst cost lowers. The replayed 2-core runs'
-simulated ratios moved 5.0% -> 4.4% (median) and 18.2% -> 15.1% (max) from the measured ones."""
+the three policies within 5% of each other at every side; 512 px (readers only there) by
+448 px's cost per pixel. node.json's true curves, used before, were 13-36% dearer, most for
+the largest images: they are samples per core-second under a quota, which the quota's burst
+cost lowers."""
 RAW_READ_COST_S = 0.00045
 """CPU seconds per sample of a raw O_DIRECT reader (node.json, speech-io-1g)."""
 STARTUP_S = 3.0

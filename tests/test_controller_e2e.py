@@ -16,7 +16,7 @@ from typing import Callable
 import psutil
 import pytest
 
-from bench.controller_process import REPO, ControllerProcess, base_environment, cgroup_of, wait_until
+from bench.controller_process import HIERARCHIES, REPO, ControllerProcess, base_environment, cgroup_of, wait_until
 
 SLEEP = "import time; time.sleep(120)"
 BUSY = "while True: pass"
@@ -54,7 +54,7 @@ def test_every_process_of_a_job_children_and_grandchildren_included_is_in_its_cg
                       20, "the command, its child and its grandchild")
     expected = f"/{controller.group}/{snapshot.job_id}"
     for process in [launcher, *tree]:
-        for hierarchy in ("cpu", "cpuacct", "cpuset", "blkio"):
+        for hierarchy in HIERARCHIES:
             assert cgroup_of(process.pid, hierarchy) == expected, (process.pid, process.cmdline(), hierarchy)
     assert {p.pid for p in [launcher, *tree]} <= controller.group_pids(snapshot.job_id)
     command_env = Path(f"/proc/{tree[0].pid}/environ").read_bytes().split(b"\0")
@@ -99,8 +99,8 @@ def test_a_killed_jobs_group_is_gone_within_two_periods_and_its_share_returns(
     gone_at = time.monotonic()
     # The groups go one hierarchy after another: wait for the last (CI once saw cpu gone and
     # another hierarchy's group not yet, at the same instant).
-    wait_until(lambda: not any(controller.job_dir(hierarchy, victim_id).exists()
-                               for hierarchy in ("cpu", "cpuacct", "cpuset", "blkio")), 10, "the victim's groups to go")
+    wait_until(lambda: not any(controller.job_dir(hierarchy, victim_id).exists() for hierarchy in HIERARCHIES),
+               10, "the victim's groups to go")
     # Two periods, plus a little for a loaded machine's scheduling of the controller.
     assert time.monotonic() - gone_at <= 2 * PERIOD + 0.25
     wait_until(lambda: _cores_in_status(controller, survivor_id, 1.0), 2 * PERIOD + 1, "the share to return")
