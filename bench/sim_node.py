@@ -120,7 +120,7 @@ class _Live:
     ended_at: float | None = None
     estimator: LoadingCurveEstimator = field(default_factory=LoadingCurveEstimator)
     window: deque = field(default_factory=deque)
-    """(samples, cpu seconds, step seconds) per step over the registry's window."""
+    """(samples, cpu seconds, step seconds, workers per rank) per step over the registry's window."""
     m_bias: float = 1.0
 
 
@@ -250,9 +250,10 @@ def simulate(node: SimNode, jobs: Sequence[SimJob], policy: Policy, seed: int = 
 
 def _view(job: _Live, applied: dict[str, JobAllocation]) -> JobView:
     spec = job.spec
-    samples = sum(s for s, _, _ in job.window)
-    cpu = sum(c for _, c, _ in job.window)
-    span = sum(dt for _, _, dt in job.window)
+    samples = sum(s for s, _, _, _ in job.window)
+    cpu = sum(c for _, c, _, _ in job.window)
+    span = sum(dt for _, _, dt, _ in job.window)
+    counts = {w for _, _, _, w in job.window}
     measured_m = spec.max_throughput * job.m_bias if job.done >= 8 * spec.batch_size else None
     return JobView(
         job_id=job.job_id, name=spec.name, gpus=spec.gpus, ranks=spec.ranks,
@@ -262,6 +263,7 @@ def _view(job: _Live, applied: dict[str, JobAllocation]) -> JobView:
         loading_curve=job.estimator.points(), curve_windows=job.estimator.observations,
         curve_batches=job.estimator.evidence_batches,
         achieved=samples / span if len(job.window) >= 2 else None,
+        steady_workers=counts.pop() if len(job.window) >= 2 and len(counts) == 1 else None,
         remaining_samples=max(0.0, spec.samples - job.done),  # declared, as `adloader run --samples` does
         current=applied.get(job.job_id, JobAllocation()),
     )
@@ -309,12 +311,12 @@ def _advance(node: SimNode, live: dict[str, _Live], starting: Sequence[_Live], a
         batches = _poisson(rng, rate * period / spec.batch_size)
         seen = batches * spec.batch_size * math.exp(rng.gauss(0.0, node.rate_noise))
         cpu = used * period * math.exp(rng.gauss(0.0, node.cpu_noise))
-        job.window.append((seen, cpu, period))
-        while sum(dt for _, _, dt in job.window) > WINDOW_S + 1e-9:
+        job.window.append((seen, cpu, period, workers[job_id] // spec.ranks))
+        while sum(dt for _, _, dt, _ in job.window) > WINDOW_S + 1e-9:
             job.window.popleft()
-        span = sum(dt for _, _, dt in job.window)
-        window_samples = sum(s for s, _, _ in job.window)
-        window_cpu = sum(c for _, c, _ in job.window)
+        span = sum(dt for _, _, dt, _ in job.window)
+        window_samples = sum(s for s, _, _, _ in job.window)
+        window_cpu = sum(c for _, c, _, _ in job.window)
         if window_cpu > 0:
             job.estimator.observe(window_cpu / span, window_samples / span, batches)
 

@@ -63,6 +63,8 @@ class Measurement:
     """Ranks the job has: the largest of world size and ranks reporting, at least one."""
     latest: tuple[Report, ...] = ()
     """Each rank's newest report."""
+    steady_workers: int | None = None
+    """Workers per rank every report of every rank in the window ran (:func:`steady_workers`)."""
 
 
 def window_rates(ranks: Mapping[int, RankWindow], now: float, window_s: float) -> Rates:
@@ -117,6 +119,18 @@ def ranks_reporting(ranks: Mapping[int, RankWindow], now: float, window_s: float
     return sum(1 for window in ranks.values() if window and window[-1][0] >= now - window_s)
 
 
+def steady_workers(ranks: Mapping[int, RankWindow], now: float, window_s: float) -> int | None:
+    """The loader workers per rank that every report of every rank inside the window says it
+    ran, so that the window's rates were measured at that count; None when the count changed
+    inside the window (its rates mix two counts), or no rank reported twice in it."""
+    counts = {r.num_workers for window in ranks.values() for t, r in window if t >= now - window_s}
+    reported = any(sum(1 for t, _ in window if t >= now - window_s) >= 2 for window in ranks.values())
+    if not reported or len(counts) != 1:
+        return None
+    count = counts.pop()
+    return count if count > 0 else None
+
+
 def group_cores(samples: deque[tuple[float, float]], now: float, cpu_seconds: float, window_s: float) -> float | None:
     """Add (now, the group's CPU seconds) to ``samples`` and age out the old ones; the cores
     the group used over what is left (None until two samples span some time and CPU)."""
@@ -143,4 +157,5 @@ def measure(
         rates=rates, max_throughput=run_max_throughput(ranks), cores_used=cores,
         cpu_seconds=cpu_seconds or 0.0, ranks_reporting=reporting,
         ranks=max([1, reporting, *(r.world_size for r in latest)]), latest=latest,
+        steady_workers=steady_workers(ranks, now, window_s),
     )

@@ -158,8 +158,8 @@ def test_a_lone_reader_is_not_throttled_a_newcomer_that_reads_brings_throttles_b
     for policy in (make_policy("adaptive"), OraclePolicy(_true_curves([reader, *others]))):
         allocation = policy.allocate(NODE, [reader, *others])
         assert {a.read_bps for a in allocation.values()} == {None}, policy.name
-    # its workers wait on the disk, not the CPU: never fewer than it asked for
-    # the workers it asked for, no fewer and no more: the disk, not its cores, decides how many help
+    # before its reads were measured at a steady worker count it gets the workers it asked for:
+    # the disk, not its cores, decides how many help
     for asked in (12, 1):
         asking = job("reader", m=1000.0, p=0.001, bytes_per_sample=1e6, requested_workers=asked)
         assert make_policy("adaptive").allocate(NODE, [asking, *others])["reader"].workers == asked
@@ -175,6 +175,26 @@ def test_a_lone_reader_is_not_throttled_a_newcomer_that_reads_brings_throttles_b
     allocation = make_policy("adaptive").allocate(NODE, [reader, *others, reading])
     assert None not in {a.read_bps for a in allocation.values()}
     assert sum(a.read_bps for a in allocation.values()) <= NODE.read_bps
+
+
+def test_a_readers_workers_are_the_reads_in_flight_it_needs_at_the_rate_its_workers_read() -> None:
+    others = [job(name, m=200.0, p=0.001, bytes_per_sample=0.0) for name in "xyz"]
+
+    def workers(node: NodeResources, steady: int | None, achieved: float, current: int | None = None) -> int | None:
+        reader = job("reader", m=1000.0, p=0.001, bytes_per_sample=1e6, requested_workers=8,
+                     steady_workers=steady, achieved=achieved, current=JobAllocation(workers=current))
+        return make_policy("adaptive").allocate(node, [reader, *others])["reader"].workers
+
+    # one worker already reads 500 MB/s, more than the node's 400 MB/s budget: it keeps one
+    assert workers(NODE, steady=1, achieved=500.0) == 1
+    # one worker reads 150 MB/s: three reads in flight reach the budget
+    assert workers(NODE, steady=1, achieved=150.0) == 3
+    # bandwidth not managed: it needs its full 1 GB/s, four workers at 250 MB/s each
+    assert workers(NodeResources(cpus=(0, 1)), steady=1, achieved=250.0) == 4
+    # never more than it asked for, however slowly its workers read
+    assert workers(NODE, steady=2, achieved=10.0) == 8
+    # a window that mixed two counts says nothing: it keeps the workers it holds
+    assert workers(NODE, steady=None, achieved=150.0, current=2) == 2
 
 
 def test_bandwidth_is_left_alone_when_the_node_does_not_manage_it() -> None:

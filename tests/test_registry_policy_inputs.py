@@ -58,3 +58,33 @@ def test_m_is_measured_over_each_ranks_whole_run_once_it_has_run_a_few_steps() -
     registry.record_report("j1", _report(1, 640, batches=20, compute_s=1.0))
     registry.measure()
     assert registry.views({})[0].max_throughput == pytest.approx(32 * 11 / 1.1 + 640 / 1.0)
+
+
+def test_the_policy_is_told_the_worker_count_a_window_was_measured_at_and_not_a_mixed_one() -> None:
+    clock = [100.0]
+    registry = Registry(window_s=5.0, clock=lambda: clock[0], wall_clock=lambda: 1.7e9)
+    registry.register("j1", name="reader", uid=0, gpus=2, launcher_pid=1, cgroup="/cg/j1")
+
+    def report(rank: int, workers: int) -> None:
+        registry.record_report("j1", protocol.Report(job_id="j1", rank=rank, world_size=2, batch_size=32,
+                                                     samples=int(clock[0]) * 32, num_workers=workers))
+
+    report(0, 2)
+    registry.measure()
+    assert registry.views({})[0].steady_workers is None  # one report: no window yet
+    for _ in range(6):
+        clock[0] += 1.0
+        report(0, 2)
+        report(1, 2)
+    registry.measure()
+    assert registry.views({})[0].steady_workers == 2
+    clock[0] += 1.0
+    report(1, 3)  # rank 1 resized: the window mixes two counts
+    registry.measure()
+    assert registry.views({})[0].steady_workers is None
+    for _ in range(6):  # once the old count has left the window, the new one is steady
+        clock[0] += 1.0
+        report(0, 3)
+        report(1, 3)
+    registry.measure()
+    assert registry.views({})[0].steady_workers == 3

@@ -83,6 +83,9 @@ class JobView:
     doubt assumed)."""
     achieved: float | None = None
     """T: samples/s measured over the last window."""
+    steady_workers: int | None = None
+    """Loader workers per rank the job ran throughout that window (its rates were measured at
+    this count); None: the count changed inside it, or is not known."""
     remaining_samples: float | None = None
     """Predicted samples left (from history or the job's own sample count); None: unknown."""
     current: JobAllocation = field(default_factory=JobAllocation)

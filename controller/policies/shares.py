@@ -178,13 +178,14 @@ def allocations(
     cores: Mapping[str, float],
     read_bps: Mapping[str, float] | None,
     satisfied: frozenset[str],
-    readers: frozenset[str],
+    readers: Mapping[str, float],
     workers_per_core: float,
     reader_workers_per_core: float,
 ) -> dict[str, JobAllocation]:
     """JobAllocations from a plan of ``cores`` (see the module docstring): CPU weights and
-    workers, no quota, the whole managed cpuset for everyone; more workers per core for
-    jobs that read. Where weights do not reach every job (jobs under different parent
+    workers, no quota, the whole managed cpuset for everyone; a reader's workers from what
+    its reads need (:func:`reader_workers`), ``readers`` mapping each to the bytes/s it
+    reads at full speed. Where weights do not reach every job (jobs under different parent
     cgroups, see JobView.levers), each job's span becomes its quota instead."""
     by_weight = not plan_by_quota(jobs)
     planned = spread(node.cores, {job.job_id: cores[job.job_id] for job in jobs})
@@ -200,12 +201,12 @@ def allocations(
             weight, span = WEIGHT_PER_CORE * c, max(c, free * planned[job.job_id] / unsatisfied_plan)
         limit = worker_limit(node, job)
         if job.job_id in readers and job.requested_workers:
-            # A reader's workers mostly wait on the disk: reads in flight, not cores, bound it,
-            # and the disk decides how many help. It keeps the workers it asked for (memory
-            # permitting): fewer starved it (seeded random mix 7), more slowed it (random mix 5's
-            # O_DIRECT reader alone, 64 x 786 KB samples a batch: GPU busy 0.66-0.79 with its 1
-            # worker, 0.69 with 2, 0.56 with 4). Its CPU weight still caps its CPU.
-            workers = min(job.requested_workers, limit)
+            need = readers[job.job_id]
+            if read_bps is not None:
+                need = min(need, read_bps[job.job_id])
+            elif (bandwidth := managed_bandwidth(node)) is not None:
+                need = min(need, bandwidth)
+            workers = reader_workers(job, need, limit)
         else:
             k = reader_workers_per_core if job.job_id in readers else workers_per_core
             workers = workers_for_cores(BURST_HEADROOM * min(span, node.cores) / max(1, job.ranks), k, limit=limit)
@@ -217,6 +218,26 @@ def allocations(
             workers=workers,
         )
     return result
+
+
+def reader_workers(job: JobView, need_bps: float, limit: int) -> int:
+    """Workers per rank for a reader: as many reads in flight as it takes to read ``need_bps``
+    (its full-speed reads, at most its planned or the node's declared bandwidth), no more than
+    it asked for. A reader's workers mostly wait on the disk, and the disk, not the cores,
+    decides how many help: on this project's 2-core VM an O_DIRECT reader alone (64 x 786 KB
+    samples a batch) read 1000 samples/s with 1 worker, 923 with 2 and 827 with 4 or 8, where
+    an NVMe drive reads faster the more reads are in flight. So the count comes from what its
+    workers read over the last window at a steady count w (JobView.steady_workers): by
+    Little's law reads in flight = rate x latency, and at that latency it takes
+    ceil(w x need / read) workers. A reader already reading what it needs keeps w; fewer
+    would need a probe the disk's noise would decide. Before its count was steady for a
+    window it keeps the workers it holds, or gets those it asked for. Its CPU weight still
+    caps its CPU."""
+    asked = min(job.requested_workers or limit, limit)
+    reading = (job.achieved or 0.0) * (job.bytes_per_sample or 0.0)
+    if not job.steady_workers or reading <= 0:
+        return min(job.current.workers or asked, asked)
+    return max(1, min(asked, math.ceil(job.steady_workers * need_bps / reading - 1e-9)))
 
 
 def contended_cores(total: float, weights: Mapping[str, float], demands: Mapping[str, float]) -> dict[str, float]:
