@@ -162,6 +162,10 @@ class SimClock:
 class SimNode:
     cores: int
     disk_bps: float = math.inf
+    """What the disk gives its readers in all, whatever the reads in flight (see ``disk_curve``)."""
+    disk_curve: tuple[tuple[int, float], ...] = ()
+    """Measured (reads in flight, bytes/s) of the disk (bench/disk_readers.py), interpolated
+    linearly, flat beyond its ends; empty: ``disk_bps``."""
     read_bps: float | None = None
     """Read bandwidth the controller manages (--read-bps); None: not managed."""
     period_s: float = 1.0
@@ -172,6 +176,18 @@ class SimNode:
     rate_noise: float = 0.05
     """Relative noise of a window's CPU accounting and of its samples/s beyond counting whole
     batches (see bench/simulate.py for where these come from)."""
+
+    def disk_bandwidth(self, reads_in_flight: int) -> float:
+        """Bytes/s the disk gives its readers with ``reads_in_flight`` reads queued (one per worker)."""
+        curve = self.disk_curve
+        if not curve:
+            return self.disk_bps
+        if reads_in_flight <= curve[0][0]:
+            return curve[0][1]
+        for (n0, b0), (n1, b1) in zip(curve, curve[1:]):
+            if reads_in_flight <= n1:
+                return b0 + (b1 - b0) * (reads_in_flight - n0) / (n1 - n0)
+        return curve[-1][1]
 
     def resources(self) -> NodeResources:
         return NodeResources(cpus=tuple(range(self.cores)), read_bps=self.read_bps,
@@ -297,8 +313,8 @@ def _advance(node: SimNode, live: dict[str, _Live], starting: Sequence[_Live], a
     if readers:
         caps = {j: float(applied.get(j, JobAllocation()).read_bps or math.inf) for j in readers}
         wants = {j: min(readers[j], caps[j]) for j in readers}
-        given = contended_cores(node.disk_bps, {j: 1.0 for j in readers}, wants) if math.isfinite(node.disk_bps) \
-            else wants
+        disk = node.disk_bandwidth(sum(workers[j] for j in readers))
+        given = contended_cores(disk, {j: 1.0 for j in readers}, wants) if math.isfinite(disk) else wants
         for j in readers:
             rates[j] = min(rates[j], given[j] / live[j].spec.bytes_per_sample)
     for job_id, job in live.items():

@@ -69,7 +69,18 @@ time less the loop's duration: process start, imports, dataset, workers, and its
 median 3.0 s over the 336 job runs of bench/results/node.json and node_random.json, 2.0 to
 5.2 s between the 10th and 90th percentile (the figure depends little on the policy)."""
 DISK_BPS = 650e6
-"""What the disk gave to O_DIRECT readers here (600-1000 MB/s measured; 637 MB/s in mix 5)."""
+"""What the disk gave to O_DIRECT readers here (600-1000 MB/s measured; 637 MB/s in mix 5):
+the scale rows' disk, whatever the reads in flight (how a 64-core node's drive answers to
+more reads in flight was not measured here)."""
+
+
+def measured_disk_curve(path: Path = RESULTS / "disk_readers.json") -> tuple[tuple[int, float], ...]:
+    """(reads in flight, bytes/s) of this machine's disk as ``python -m bench.disk_readers``
+    measured it, for replaying the 2-core runs (empty if it was not measured)."""
+    if not path.exists():
+        return ()
+    document = json.loads(path.read_text())
+    return tuple(sorted((int(w), float(v["read_bps"])) for w, v in document["workers"].items()))
 
 
 # ---------------------------------------------------------------------------------------- mixes
@@ -284,8 +295,8 @@ def jobs_from_measured_mix(document: dict[str, Any]) -> tuple[list[SimJob], SimN
                            if python_s > 0 else math.inf))
     node = document.get("node", {})
     period = float(node.get("period_s", 0.5))
-    return jobs, SimNode(cores=2, disk_bps=DISK_BPS, read_bps=node.get("read_bps"), period_s=period,
-                         settle_period_s=float(node.get("settle_period_s", period)))
+    return jobs, SimNode(cores=2, disk_bps=DISK_BPS, disk_curve=measured_disk_curve(), read_bps=node.get("read_bps"),
+                         period_s=period, settle_period_s=float(node.get("settle_period_s", period)))
 
 
 def reality_check(documents: Sequence[dict[str, Any]], seeds: int = 3) -> list[dict[str, Any]]:

@@ -56,3 +56,19 @@ def test_bench_runs_each_policy_on_real_jobs_and_writes_json_and_plot(tmp_path: 
     groups = set(re.findall(r"/sys/fs/cgroup/cpu/(adloader-bench-[0-9a-f]{8})/", logs))
     assert len(groups) == 2
     assert not [g for g in groups if (Path("/sys/fs/cgroup/cpu") / g).exists()]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not CGROUP_V1, reason="the benchmark's controller needs root and a writable cgroup v1 cpu hierarchy")
+def test_the_disk_benchmark_runs_a_real_reader_at_each_worker_count(tmp_path: Path) -> None:
+    from bench.disk_readers import measure, table
+    from bench.mix import JobSpec
+
+    spec = JobSpec(name="reader", gpus=1, batch_size=8, compute_ms_per_batch=5.0, image_px=64, samples=320,
+                   arrival_s=0.0, num_workers=1, io_bound=True)
+    document = measure([1, 2], 1, tmp_path / "cache", tmp_path / "runs", spec=spec)
+    assert set(document["workers"]) == {"1", "2"}
+    for entry in document["workers"].values():
+        assert entry["samples_per_s"] > 0 and 0 < entry["gpu_busy"] <= 1
+        assert entry["read_bps"] == pytest.approx(entry["samples_per_s"] * spec.raw_sample_bytes)
+    assert "GPU-emulated" in table(document)

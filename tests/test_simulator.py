@@ -129,3 +129,22 @@ def test_jobs_declare_their_remaining_samples_so_jct_serves_the_shortest_first()
     assert order == ["len1", "len2", "len4", "len8"]
     assert srpt["len1"]["jct_s"] < 0.75 * even["len1"]["jct_s"]
     assert sum(j["jct_s"] for j in srpt.values()) < sum(j["jct_s"] for j in even.values())
+
+
+def test_a_reader_with_more_reads_in_flight_reads_what_the_measured_disk_gives_them() -> None:
+    """The simulated disk follows the curve bench/disk_readers.py measured: interpolated
+    between its points, flat beyond them; one reader alone reads what the disk gives its
+    workers, and fewer workers read faster on a disk like this VM's."""
+    curve = ((1, 800e6), (2, 700e6), (4, 600e6))
+    node = SimNode(cores=2, disk_bps=650e6, disk_curve=curve, period_s=1.0, settle_period_s=1.0)
+    assert [node.disk_bandwidth(n) for n in (0, 1, 3, 4, 9)] == pytest.approx([800e6, 800e6, 650e6, 600e6, 600e6])
+    assert SimNode(cores=2, disk_bps=650e6).disk_bandwidth(8) == 650e6
+    busy = {}
+    for workers in (1, 4):
+        # 1 MB a sample, 2000 samples/s at full speed: the disk, not its cores, holds it back
+        reader = SimJob(name="reader", gpus=1, max_throughput=2000.0, cpu_s_per_sample=0.0001, samples=2000.0 * 30,
+                        requested_workers=workers, bytes_per_sample=1e6, concavity=0.0, startup_s=0.0)
+        job = simulate(node, [reader], make_policy("static"), seed=1).jobs["reader"]
+        busy[workers] = job["busy_s"] / job["wall_s"]
+    assert busy[1] == pytest.approx(800e6 / 1e6 / 2000.0, rel=0.02)
+    assert busy[4] == pytest.approx(600e6 / 1e6 / 2000.0, rel=0.02)
