@@ -224,15 +224,14 @@ def reader_workers(job: JobView, need_bps: float, limit: int) -> int:
     """Workers per rank for a reader: as many reads in flight as it takes to read ``need_bps``
     (its full-speed reads, at most its planned or the node's declared bandwidth), no more than
     it asked for. A reader's workers mostly wait on the disk, and the disk, not the cores,
-    decides how many help: on this project's 2-core VM an O_DIRECT reader alone (64 x 786 KB
-    samples a batch) read 1000 samples/s with 1 worker, 923 with 2 and 827 with 4 or 8, where
-    an NVMe drive reads faster the more reads are in flight. So the count comes from what its
-    workers read over the last window at a steady count w (JobView.steady_workers): by
-    Little's law reads in flight = rate x latency, and at that latency it takes
-    ceil(w x need / read) workers. A reader already reading what it needs keeps w; fewer
-    would need a probe the disk's noise would decide. Before its count was steady for a
-    window it keeps the workers it holds, or gets those it asked for. Its CPU weight still
-    caps its CPU."""
+    decides how many help: on this project's 2-core VM an O_DIRECT reader alone (64 x 768 KiB
+    samples a batch) read 873 MB/s with 1 worker, 801 with 2 and 700 with 4 or 8
+    (bench/results/disk_readers.json), where an NVMe drive reads faster the more reads are in
+    flight. So the count comes from what its workers read over the last window at a steady
+    count w (JobView.steady_workers): by Little's law reads in flight = rate x latency, and
+    at that latency it takes ceil(w x need / read) workers: w, or fewer where it reads well
+    beyond its need, more where it reads less. Before its count was steady for a window it
+    keeps the workers it holds, or gets those it asked for. Its CPU weight still caps its CPU."""
     asked = min(job.requested_workers or limit, limit)
     reading = (job.achieved or 0.0) * (job.bytes_per_sample or 0.0)
     if not job.steady_workers or reading <= 0:
