@@ -22,9 +22,11 @@ Two parts, both pure CPU, faster than real time, every figure SIMULATED:
    node_real.json: a phase change, Python work in a training loop, more jobs than cores) and
    the seeded random mixes (bench/results/node_random.json) replayed in the model with their jobs'
    measured costs; the simulated ratios adaptive/static and adaptive/even against the
-   measured ones, and by how much they differ. Each job spends STARTUP_S outside its
-   training loop (measured there), and a JPEG side between the measured ones costs what the
-   measured sides' fixed and per-pixel parts give (``jpeg_cost_s``).
+   measured ones, and by how much they differ. The readers' disk is the curve of bytes/s
+   by reads in flight that ``python -m bench.disk_readers`` measured here
+   (bench/results/disk_readers.json; flat DISK_BPS without it). Each job spends STARTUP_S
+   outside its training loop (measured there), and a JPEG side between the measured ones
+   costs what the measured sides' fixed and per-pixel parts give (``jpeg_cost_s``).
 
 Model constants not measurable on two cores (parallel-efficiency loss per core at 64
 cores) are assumptions, named in sim_node.SimJob.
