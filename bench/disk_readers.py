@@ -12,6 +12,7 @@ interleaved within each repeat; reported: the reader's bytes/s over its training
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import platform
 import statistics
@@ -28,13 +29,13 @@ from bench.runner import run_policy
 WORKERS = (1, 2, 4, 8)
 READER = JobSpec(name="reader", gpus=2, batch_size=64, compute_ms_per_batch=47.7, image_px=512, samples=12_000,
                  arrival_s=0.0, num_workers=1, io_bound=True)
-"""The 4-GPU-class reader of seeded random mix 15: 64 raw 512 px samples (768 KiB each) a batch,
+"""The reader of seeded random mix 15 (2 GPUs): 64 raw 512 px samples (768 KiB each) a batch,
 1342 samples/s (1.06 GB/s) if reads never stalled, more than this disk gives."""
 
 
 def lone_reader(workers: int, spec: JobSpec = READER) -> Mix:
     """A mix of ``spec`` alone, asking for ``workers`` workers."""
-    job = JobSpec(**{**spec.__dict__, "name": f"{spec.name}-w{workers}", "num_workers": workers})
+    job = dataclasses.replace(spec, name=f"{spec.name}-w{workers}", num_workers=workers)
     return Mix(jobs=(job,), name=f"lone-reader-w{workers}", description="one O_DIRECT reader alone")
 
 
@@ -51,14 +52,14 @@ def measure(workers: Sequence[int], repeats: int, cache: Path, workdir: Path, sp
             timeline = job.timeline or {}
             loop_s, busy_s = float(timeline.get("loop_s", 0.0)), float(timeline.get("busy_s", 0.0))
             rate = job.spec.samples / loop_s if loop_s > 0 else 0.0
-            runs[w].append({"read_bps": rate * job.spec.raw_sample_bytes, "samples_per_s": rate,
+            read_bps = rate * job.spec.raw_sample_bytes
+            runs[w].append({"read_bps": read_bps, "samples_per_s": rate,
                             "gpu_busy": busy_s / loop_s if loop_s > 0 else 0.0, "loop_s": loop_s})
-            print(f"  repeat {repeat + 1}/{repeats}, {w} worker(s): {rate * job.spec.raw_sample_bytes / 1e6:.0f} MB/s",
-                  flush=True)
+            print(f"  repeat {repeat + 1}/{repeats}, {w} worker(s): {read_bps / 1e6:.0f} MB/s", flush=True)
     return {
         "benchmark": "one O_DIRECT reader alone by worker count (GPU-emulated: its GPU step is a sleep)",
         "machine": {"platform": platform.platform(), "python": sys.version.split()[0], "read_device": node.read_device},
-        "reader": {**spec.__dict__, "sample_bytes": spec.raw_sample_bytes},
+        "reader": {**dataclasses.asdict(spec), "sample_bytes": spec.raw_sample_bytes},
         "repeats": repeats,
         "workers": {str(w): {key: statistics.median(r[key] for r in runs[w]) for key in runs[w][0]} | {"runs": runs[w]}
                     for w in workers},
