@@ -34,6 +34,7 @@ cores) are assumptions, named in sim_node.SimJob.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import platform
@@ -76,9 +77,11 @@ the scale rows' disk, whatever the reads in flight (how a 64-core node's drive a
 more reads in flight was not measured here)."""
 
 
+@functools.cache
 def measured_disk_curve(path: Path = RESULTS / "disk_readers.json") -> tuple[tuple[int, float], ...]:
     """(reads in flight, bytes/s) of this machine's disk as ``python -m bench.disk_readers``
-    measured it, for replaying the 2-core runs (empty if it was not measured)."""
+    measured it, for replaying the 2-core runs (empty if it was not measured); read once,
+    not once per replayed mix."""
     if not path.exists():
         return ()
     document = json.loads(path.read_text())

@@ -137,8 +137,7 @@ class AdaptivePolicy:
             job_id for job_id, busy in solution.busy.items()
             if busy >= SATISFIED or (reads_exhausted and _bandwidth_bound(models[job_id], busy, solution.read_bps[job_id]))
         )
-        readers = {job_id: model.max_throughput * model.bytes_per_sample
-                   for job_id, model in models.items() if model.is_reader}
+        readers = {job_id: model.full_speed_read_bps for job_id, model in models.items() if model.is_reader}
         return allocations(
             node, jobs, {**reserved_cores, **solution.cores}, read_bps, satisfied, readers,
             self.workers_per_core, self.reader_workers_per_core,

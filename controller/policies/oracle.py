@@ -124,8 +124,7 @@ class OraclePolicy:
             if self.curves[job.name].busy(c, b if spare_io is not None else None) >= SATISFIED:
                 satisfied.add(job.job_id)
         read_bps = spread(bandwidth, io, floor=io_floor) if bandwidth is not None else None
-        readers = {job.job_id: m.max_throughput * m.bytes_per_sample
-                   for job in known if (m := self.curves[job.name]).is_reader}
+        readers = {job.job_id: m.full_speed_read_bps for job in known if (m := self.curves[job.name]).is_reader}
         return allocations(
             node, jobs, cores, read_bps, frozenset(satisfied), readers,
             self.workers_per_core, self.reader_workers_per_core,

@@ -78,8 +78,13 @@ class JobModel:
         return need
 
     @property
+    def full_speed_read_bps(self) -> float:
+        """Bytes/s the job reads from the device when its data never stalls (M·b)."""
+        return self.max_throughput * self.bytes_per_sample
+
+    @property
     def is_reader(self) -> bool:
-        return self.max_throughput * self.bytes_per_sample >= READER_BYTES_PER_S
+        return self.full_speed_read_bps >= READER_BYTES_PER_S
 
 
 def model_of(job: JobView) -> JobModel | None:
