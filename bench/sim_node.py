@@ -27,11 +27,15 @@ from controller.policies.shares import contended_cores
 from controller.safety_net import SafetyNet
 from throughput_model.curves import LoadingCurveEstimator
 
-QUOTA_TABLE = ((0.0, 0.0), (0.58, 0.57), (0.87, 0.78), (1.16, 0.85), (1.45, 0.97), (2.9, 1.0))
-"""(quota / cores the job would use unthrottled, share of its unthrottled rate it gets),
-measured here for a 224 px JPEG job using 0.69 cores (docs/policies.md: quota 0.4, 0.6,
-0.8, 1.0, 2.0 cores gave 253, 346, 377, 431, 444 samples/s): a quota near a bursty
-loader's mean use costs it 15%, one far below it costs it little beyond the cores."""
+QUOTA_TABLE = ((0.0, 0.0), (0.25, 0.235), (0.57, 0.542), (0.75, 0.696), (1.05, 0.925), (1.19, 0.96),
+               (1.47, 0.982), (1.83, 0.992), (2.99, 0.997), (5.63, 1.0))
+"""(quota / cores the job would use unthrottled, share of its unthrottled rate it gets):
+medians by bin over the 138 JPEG job runs of the measured ``even`` runs, which give every
+job a quota (bench/results/node_random.json, node.json, node_real.json of 2026-11-24;
+``python -m bench.replay`` refits it). A quota near a loader's mean use costs it 5-8% (its
+bursts are throttled, its main process with them); one far below it costs little beyond the
+cores. The table measured before on one 224 px job alone (docs/policies.md: 0.85 of its rate
+at 1.16x its use) made every replayed ``even`` run 2-4% too idle."""
 MAIN_PROCESS_CORES = 0.2
 """Cores a rank's main process can use beyond its workers (collate, the training loop)."""
 STARTUP_CORES = 1.0
@@ -172,6 +176,13 @@ class SimNode:
     settle_period_s: float = 0.5
     """The period while the node settles (the controller's --settle-period; never longer than
     ``period_s``): the loop steps the same way the daemon does."""
+    fetch_s_per_sample: float = 0.0
+    fetch_contention_s_per_sample: float = 0.0
+    """Main-process time a sample costs between its batch being ready and the next step
+    starting, which no prefetching hides, and what each DataLoader worker per core on the node
+    adds to it: a job whose loader keeps up is busy step / (step + batch x this), not all of
+    its time (measured on the 2-core runs: bench/replay.py's FETCH_*; not measured for a
+    64-core node's jobs, so 0 there)."""
     cpu_noise: float = 0.03
     rate_noise: float = 0.05
     """Relative noise of a window's CPU accounting and of its samples/s beyond counting whole
@@ -188,6 +199,13 @@ class SimNode:
             if reads_in_flight <= n1:
                 return b0 + (b1 - b0) * (reads_in_flight - n0) / (n1 - n0)
         return curve[-1][1]
+
+    def fetch_ceiling(self, job: SimJob, workers_per_core: float) -> float:
+        """Samples/s ``job`` reaches when its loader keeps up, with ``workers_per_core`` DataLoader
+        workers per core on the node: each rank fetches its own batches, so a job of r ranks
+        loses one sample's fetch time per r samples."""
+        fetch_s = self.fetch_s_per_sample + self.fetch_contention_s_per_sample * workers_per_core
+        return 1.0 / (1.0 / job.max_throughput + fetch_s / job.ranks)
 
     def resources(self) -> NodeResources:
         return NodeResources(cpus=tuple(range(self.cores)), read_bps=self.read_bps,
@@ -295,19 +313,20 @@ def _advance(node: SimNode, live: dict[str, _Live], starting: Sequence[_Live], a
     workers = {job_id: (a.workers if (a := applied.get(job_id, JobAllocation())).workers is not None
                         else job.spec.requested_workers) * job.spec.ranks for job_id, job in live.items()}
     inflation = oversubscription_inflation(sum(workers.values()), node.cores)
+    per_core = sum(workers.values()) / node.cores
+    ceiling = {job_id: node.fetch_ceiling(job.spec, per_core) for job_id, job in live.items()}
     for job_id, job in live.items():
         a = applied.get(job_id, JobAllocation())
         age = now - job.spec.arrival_s
         cap = workers[job_id] + MAIN_PROCESS_CORES * job.spec.ranks
         # what it can use: a loader bound by Python leaves its workers waiting on a full queue
-        need = min(cap, job.spec.cores_for(min(job.spec.max_throughput, job.spec.python_cap), age, inflation))
+        need = min(cap, job.spec.cores_for(min(ceiling[job_id], job.spec.python_cap), age, inflation))
         if a.cores is not None and need > 0:
             need = need * quota_share(a.cores / need)
         demands[job_id] = need
         weights[job_id] = float(a.cpu_weight or DEFAULT_WEIGHT)
     cores = contended_cores(float(node.cores), weights, demands)
-    rates = {job_id: min(job.spec.max_throughput,
-                         job.spec.loading_rate(cores[job_id], now - job.spec.arrival_s, inflation))
+    rates = {job_id: min(ceiling[job_id], job.spec.loading_rate(cores[job_id], now - job.spec.arrival_s, inflation))
              for job_id, job in live.items()}
     readers = {j: rates[j] * live[j].spec.bytes_per_sample for j in live if live[j].spec.bytes_per_sample > 0}
     if readers:

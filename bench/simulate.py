@@ -20,13 +20,10 @@ Two parts, both pure CPU, faster than real time, every figure SIMULATED:
    adaptive, oracle and oracle_phased.
 2. Check against reality: the shipped 2-core mixes (bench/results/node.json, and
    node_real.json: a phase change, Python work in a training loop, more jobs than cores) and
-   the seeded random mixes (bench/results/node_random.json) replayed in the model with their jobs'
-   measured costs; the simulated ratios adaptive/static and adaptive/even against the
-   measured ones, and by how much they differ. The readers' disk is the curve of bytes/s
-   by reads in flight that ``python -m bench.disk_readers`` measured here
-   (bench/results/disk_readers.json; flat DISK_BPS without it). Each job spends STARTUP_S
-   outside its training loop (measured there), and a JPEG side between the measured ones
-   costs what the measured sides' fixed and per-pixel parts give (``jpeg_cost_s``).
+   the seeded random mixes (bench/results/node_random.json) replayed in the model with what
+   their runs measured (bench/replay.py: each job's CPU per sample, the disk's curve, start-up
+   time, the quota response and the fetch time no prefetching hides); the simulated ratios
+   adaptive/static and adaptive/even against the measured ones, and by how much they differ.
 
 Model constants not measurable on two cores (parallel-efficiency loss per core at 64
 cores) are assumptions, named in sim_node.SimJob.
@@ -34,8 +31,6 @@ cores) are assumptions, named in sim_node.SimJob.
 from __future__ import annotations
 
 import argparse
-import functools
-import json
 import math
 import platform
 import random
@@ -44,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from bench.replay import DISK_BPS, MEASURED_COST_S, STARTUP_S, abs_differences_pct, measured_documents, reality_check
 from bench.report import write_json
 from bench.sim_node import SimClock, SimJob, SimNode, SimResult, simulate
 from controller.policies import make_policy
@@ -54,38 +50,6 @@ from throughput_model.curves import concave_lines
 
 POLICIES = ("static", "even", "adaptive", "oracle", "oracle_phased")
 CROSSING_POLICIES = ("static", "adaptive", "oracle", "oracle_phased")
-RESULTS = Path(__file__).resolve().parent / "results"
-MEASURED_COST_S = {96: 0.00056, 160: 0.00089, 224: 0.00144, 320: 0.00247, 448: 0.00448, 512: 0.00585}
-"""CPU seconds per sample of the JPEG pipeline by image side: the loader CPU per sample of
-the JPEG jobs of the seeded random mixes (bench/results/node_random.json, 2026-11-24 08:17,
-medians by side over its 360 JPEG job runs under static, even and adaptive), each divided
-by the oversubscription inflation of its run's time-averaged workers per core, which leaves
-the three policies within 5% of each other at every side; 512 px (readers only there) by
-448 px's cost per pixel. node.json's true curves, used before, were 13-36% dearer, most for
-the largest images: they are samples per core-second under a quota, which the quota's burst
-cost lowers."""
-RAW_READ_COST_S = 0.00045
-"""CPU seconds per sample of a raw O_DIRECT reader (node.json, speech-io-1g)."""
-STARTUP_S = 3.0
-"""Seconds a job of the measured 2-core runs spent outside its training loop (job completion
-time less the loop's duration: process start, imports, dataset, workers, and its exit):
-median 3.0 s over the 336 job runs of bench/results/node.json and node_random.json, 2.0 to
-5.2 s between the 10th and 90th percentile (the figure depends little on the policy)."""
-DISK_BPS = 650e6
-"""What the disk gave to O_DIRECT readers here (600-1000 MB/s measured; 637 MB/s in mix 5):
-the scale rows' disk, whatever the reads in flight (how a 64-core node's drive answers to
-more reads in flight was not measured here)."""
-
-
-@functools.cache
-def measured_disk_curve(path: Path = RESULTS / "disk_readers.json") -> tuple[tuple[int, float], ...]:
-    """(reads in flight, bytes/s) of this machine's disk as ``python -m bench.disk_readers``
-    measured it, for replaying the 2-core runs (empty if it was not measured); read once,
-    not once per replayed mix."""
-    if not path.exists():
-        return ()
-    document = json.loads(path.read_text())
-    return tuple(sorted((int(w), float(v["read_bps"])) for w, v in document["workers"].items()))
 
 
 # ---------------------------------------------------------------------------------------- mixes
@@ -137,30 +101,18 @@ def crossing_mix(cores: int, n_jobs: int, seed: int, gpus: int = 8) -> list[SimJ
     ) for i, g, p, m, duration in _sized_jobs(rng, cores, n_jobs, gpus, (1.0, 1.6))]
 
 
-def jpeg_cost_s(side_px: int) -> float:
-    """CPU seconds per sample of the JPEG pipeline for ``side_px``: linear in pixels between the
-    sides measured (a fixed part and a part per pixel: 96 px cost 0.66 ms, not the 0.28 ms its
-    pixels would at 224 px's rate), the last segment extended beyond them. Scaling the nearest
-    measured side by area made a 160 px job 1.83 ms instead of 1.05."""
-    knots = sorted((side * side, cost) for side, cost in MEASURED_COST_S.items())
-    pixels = side_px * side_px
-    for (x0, y0), (x1, y1) in zip(knots, knots[1:]):
-        if pixels <= x1 or (x1, y1) == knots[-1]:
-            return max(1e-6, y0 + (y1 - y0) * (pixels - x0) / (x1 - x0))
-    return knots[-1][1]
-
-
-def true_model(job: SimJob, age_s: float) -> JobModel:
-    """The job's true model at ``age_s`` after its arrival, planned as the oracle plans."""
+def true_model(job: SimJob, age_s: float, node: SimNode) -> JobModel:
+    """The job's true model at ``age_s`` after its arrival on ``node``, planned as the oracle
+    plans: its M is what it reaches with a worker per core when its loader keeps up."""
     points = [(c, job.loading_rate(c, age_s)) for c in (0.5, 1, 2, 4, 8, 16, 32, 64, 128)]
-    return with_plan_margin(JobModel(
-        max_throughput=job.max_throughput, lines=concave_lines(points), bytes_per_sample=job.bytes_per_sample))
+    return with_plan_margin(JobModel(max_throughput=node.fetch_ceiling(job, workers_per_core=1.0),
+                                     lines=concave_lines(points), bytes_per_sample=job.bytes_per_sample))
 
 
-def oracle_for(jobs: Sequence[SimJob], last_phase: bool = False) -> OraclePolicy:
+def oracle_for(jobs: Sequence[SimJob], node: SimNode, last_phase: bool = False) -> OraclePolicy:
     """The oracle on the jobs' true curves of their first phase, or of their last one."""
     return OraclePolicy(curves={
-        job.name: true_model(job, max((start for start, _ in job.phases), default=0.0) if last_phase else 0.0)
+        job.name: true_model(job, max((start for start, _ in job.phases), default=0.0) if last_phase else 0.0, node)
         for job in jobs})
 
 
@@ -171,9 +123,10 @@ class PhasedOracle:
 
     name = "oracle_phased"
 
-    def __init__(self, jobs: Sequence[SimJob], clock: SimClock) -> None:
+    def __init__(self, jobs: Sequence[SimJob], clock: SimClock, node: SimNode) -> None:
         self._jobs = {job.name: job for job in jobs}
         self._clock = clock
+        self._node = node
         self._oracles: dict[tuple[tuple[str, float], ...], OraclePolicy] = {}
 
     def allocate(self, node: NodeResources, jobs: Sequence[JobView]) -> Allocation:
@@ -181,7 +134,7 @@ class PhasedOracle:
         costs = tuple(sorted((name, job.cost(self._clock.now - job.arrival_s)) for name, job in truths.items()))
         if costs not in self._oracles:
             self._oracles[costs] = OraclePolicy(curves={
-                name: true_model(job, self._clock.now - job.arrival_s) for name, job in truths.items()})
+                name: true_model(job, self._clock.now - job.arrival_s, self._node) for name, job in truths.items()})
         return self._oracles[costs].allocate(node, jobs)
 
 
@@ -190,11 +143,11 @@ def run_policy(name: str, node: SimNode, jobs: Sequence[SimJob], seed: int) -> S
     for the jobs' first phases and for their last phases (a split cannot follow a phase, but
     the bound may know which phase matters more)."""
     if name == "oracle":
-        runs = [simulate(node, jobs, oracle_for(jobs, last_phase=last), seed=seed)
+        runs = [simulate(node, jobs, oracle_for(jobs, node, last_phase=last), seed=seed)
                 for last in ((False, True) if any(job.phases for job in jobs) else (False,))]
         return max(runs, key=lambda run: run.gpu_busy)
     clock = SimClock()
-    policy: Policy = PhasedOracle(jobs, clock) if name == "oracle_phased" else make_policy(name)
+    policy: Policy = PhasedOracle(jobs, clock, node) if name == "oracle_phased" else make_policy(name)
     # the bound knows the truth: nothing for the safety net to catch, and its own cuts, which
     # make the cut jobs slower by design, are not to be taken back
     return simulate(node, jobs, policy, seed=seed, clock=clock, safety_net=name != "oracle_phased")
@@ -269,64 +222,6 @@ def node_row(node: SimNode, n_jobs: int, n_mixes: int, make_mix: Callable[[int, 
 
 # ---------------------------------------------------------------------------------------- reality check
 
-def jobs_from_measured_mix(document: dict[str, Any]) -> tuple[list[SimJob], SimNode]:
-    """The jobs of a measured 2-core benchmark run as simulated jobs, with their measured costs
-    (the oracle's true curves where the run has them, else the cost by image side), and the
-    node they ran on (its read bandwidth and control periods; a run from before the settle
-    period stepped at one period throughout)."""
-    curves = document.get("true_curves") or {}
-    jobs = []
-    for spec in document["mix"]["jobs"]:
-        m = spec["batch_size"] / (spec["compute_ms_per_batch"] / 1000.0)
-        true = curves.get(spec["name"])
-        if true:
-            p = true.get("cpu_s_per_sample") or 1.0 / true["loading_curve"][0][1]
-            b = true.get("bytes_per_sample", 0.0)
-        elif spec.get("io_bound"):
-            p, b = RAW_READ_COST_S, float(spec["image_px"] ** 2 * 3)
-        else:
-            p, b = jpeg_cost_s(spec["image_px"]), 0.0
-        phase_after = spec.get("phase_after_s")
-        python_s = float(spec.get("python_ms_per_batch") or 0.0) / 1000.0
-        jobs.append(SimJob(name=spec["name"], gpus=spec["gpus"], max_throughput=m, cpu_s_per_sample=p,
-                           samples=float(spec["samples"]), arrival_s=float(spec["arrival_s"]),
-                           requested_workers=int(spec["num_workers"]), batch_size=int(spec["batch_size"]),
-                           bytes_per_sample=b, concavity=0.0, startup_s=STARTUP_S,
-                           phases=((float(phase_after), float(spec.get("phase_cost", 1))),)
-                           if phase_after is not None else (),
-                           # Python work in the training loop, between a batch and its step: never more
-                           # than a batch per (that work + the step), whatever the loader's cores
-                           python_cap=spec["batch_size"] / (python_s + spec["compute_ms_per_batch"] / 1000.0)
-                           if python_s > 0 else math.inf))
-    node = document.get("node", {})
-    period = float(node.get("period_s", 0.5))
-    return jobs, SimNode(cores=2, disk_bps=DISK_BPS, disk_curve=measured_disk_curve(), read_bps=node.get("read_bps"),
-                         period_s=period, settle_period_s=float(node.get("settle_period_s", period)))
-
-
-def reality_check(documents: Sequence[dict[str, Any]], seeds: int = 3) -> list[dict[str, Any]]:
-    """Per measured mix: measured and simulated GPU-busy ratios of adaptive to static and to even."""
-    rows = []
-    for document in documents:
-        measured = {p: v["gpu_busy"] for p, v in document["policies"].items()}
-        if not {"adaptive", "static", "even"} <= set(measured):
-            continue
-        jobs, node = jobs_from_measured_mix(document)
-        simulated: dict[str, list[float]] = {p: [] for p in ("static", "even", "adaptive")}
-        for seed in range(seeds):
-            for name in simulated:
-                simulated[name].append(simulate(node, jobs, make_policy(name), seed=seed).gpu_busy)
-        sim = {p: statistics.median(v) for p, v in simulated.items()}
-        row: dict[str, Any] = {"mix": document["mix"]["name"], "measured_gpu_busy": measured,
-                               "simulated_gpu_busy": sim}
-        for base in ("static", "even"):
-            real = measured["adaptive"] / measured[base]
-            model = sim["adaptive"] / sim[base]
-            row[f"adaptive_vs_{base}"] = {"measured": real, "simulated": model, "difference_pct": 100 * (model / real - 1)}
-        rows.append(row)
-    return rows
-
-
 # ---------------------------------------------------------------------------------------- main
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -377,18 +272,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{cores:>5}c/8g {n:>4} {summary['static']:>7.3f} {summary['oracle']:>7.3f} "
                   f"{summary['oracle_phased']:>7.3f} {summary['adaptive']:>7.3f} {med['adaptive_vs_oracle']:>7.3f}x "
                   f"{med['oracle_phased_vs_oracle']:>7.3f}x {med['adaptive_vs_static']:>7.3f}x")
-    measured = [json.loads((RESULTS / name).read_text()) for name in ("node.json", "node_real.json")
-                if (RESULTS / name).exists()]
-    random_doc = RESULTS / "node_random.json"
-    if random_doc.exists():
-        measured += json.loads(random_doc.read_text())["mixes"]
-    check = reality_check(measured, seeds=1 if args.quick else 3)
+    check = reality_check(measured_documents(), seeds=1 if args.quick else 3)
     print("\nCheck against the measured 2-core runs (GPU-emulated there, simulated here): adaptive/static, adaptive/even")
     for row in check:
         s, e = row["adaptive_vs_static"], row["adaptive_vs_even"]
         print(f"  {row['mix']:<14} measured {s['measured']:.3f}x {e['measured']:.3f}x   simulated {s['simulated']:.3f}x "
               f"{e['simulated']:.3f}x   difference {s['difference_pct']:+.1f}% {e['difference_pct']:+.1f}%")
-    differences = [abs(row[k]["difference_pct"]) for row in check for k in ("adaptive_vs_static", "adaptive_vs_even")]
+    differences = abs_differences_pct(check)
     if differences:
         print(f"  |difference|: median {statistics.median(differences):.1f}%, largest {max(differences):.1f}%")
     document = {

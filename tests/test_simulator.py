@@ -1,4 +1,4 @@
-"""The node model of bench/sim_node.py and the measured inputs bench/simulate.py gives it.
+"""The node model of bench/sim_node.py and the measured inputs bench/replay.py gives it.
 
 Pure: simulated clock, no sleeping. What is checked is the model's mechanics (a starting
 job is not seen, costs CPU, and is not in its busy fraction's wall; JPEG costs between
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.sim_node import STARTUP_CORES, SimJob, SimNode, oversubscription_inflation, simulate
-from bench.simulate import MEASURED_COST_S, jobs_from_measured_mix, jpeg_cost_s
+from bench.sim_node import MAIN_PROCESS_CORES, STARTUP_CORES, SimJob, SimNode, oversubscription_inflation, simulate
+from bench.replay import MEASURED_COST_S, jobs_from_measured_mix, jpeg_cost_s
 from controller.policies import make_policy
 from controller.policies.base import Allocation, JobView, NodeResources
 
@@ -148,3 +148,70 @@ def test_a_reader_with_more_reads_in_flight_reads_what_the_measured_disk_gives_t
         busy[workers] = job["busy_s"] / job["wall_s"]
     assert busy[1] == pytest.approx(800e6 / 1e6 / 2000.0, rel=0.02)
     assert busy[4] == pytest.approx(600e6 / 1e6 / 2000.0, rel=0.02)
+
+
+def test_a_job_whose_loader_keeps_up_loses_its_fetch_time_to_its_step_and_more_on_a_crowded_node() -> None:
+    """The fetch no prefetching hides: a job whose loader has data to spare is busy
+    step / (step + batch x fetch per sample), the fetch growing with workers per core; a job
+    its loader holds back is not slowed by it."""
+    node = SimNode(cores=4, period_s=1.0, settle_period_s=1.0, rate_noise=0.0, cpu_noise=0.0,
+                   fetch_s_per_sample=0.1e-3, fetch_contention_s_per_sample=0.02e-3)
+
+    def busy(workers: int, cpu_s_per_sample: float) -> float:
+        # 32-sample batches, a 100 ms step: M = 320 samples/s
+        job = SimJob(name="j", gpus=1, max_throughput=320.0, cpu_s_per_sample=cpu_s_per_sample,
+                     samples=320.0 * 60, requested_workers=workers, batch_size=32, concavity=0.0)
+        result = simulate(node, [job], make_policy("static"), seed=1).jobs["j"]
+        return result["busy_s"] / result["wall_s"]
+
+    assert busy(4, 0.001) == pytest.approx(0.1 / (0.1 + 32 * (0.1e-3 + 0.02e-3 * 1)), rel=0.005)
+    assert busy(16, 0.001) == pytest.approx(0.1 / (0.1 + 32 * (0.1e-3 + 0.02e-3 * 4)), rel=0.005)
+    # two workers and the main process: 2.2 cores give 220 of 320 samples/s
+    assert busy(2, 0.01) == pytest.approx((2 + MAIN_PROCESS_CORES) / 0.01 / 320.0, rel=0.005)
+
+
+def _run(policy_runs: dict[str, list[dict]], jobs: list[dict]) -> dict:
+    """A measured run document as bench/node.py writes it, with only what the replay reads."""
+    return {"mix": {"name": "fixture", "jobs": jobs}, "node": {"period_s": 1.0},
+            "policies": {policy: {"gpu_busy": 0.5, "repeats": repeats} for policy, repeats in policy_runs.items()}}
+
+
+def _repeat(allocations: dict[str, list], figures: dict[str, dict]) -> dict:
+    """One repeat: the allocation (cores, weight, workers, read_bps, state) held for 10 s."""
+    return {"allocations": [[0.0, allocations], [10.0, allocations]], "jobs": figures}
+
+
+def test_replayed_jobs_cost_what_their_runs_measured_less_each_runs_oversubscription() -> None:
+    from bench.replay import job_cpu_costs, workers_per_core
+    from bench.sim_node import oversubscription_inflation
+
+    plain = {"name": "plain", "gpus": 1, "batch_size": 32, "compute_ms_per_batch": 100.0, "image_px": 224,
+             "samples": 3200, "arrival_s": 0.0, "num_workers": 4}
+    phased = {**plain, "name": "phased", "phase_after_s": 5.0, "phase_cost": 2}
+    crowded = oversubscription_inflation(8, 2)  # 4 + 4 workers on the 2 cores
+    static = _repeat({"plain": [None, None, None, None, "running"], "phased": [None, None, None, None, "running"]},
+                     {"plain": {"loader_cpu_s": 3200 * 0.002 * crowded, "samples": 3200},
+                      "phased": {"loader_cpu_s": 9.0, "samples": 3200}})
+    even = _repeat({"plain": [1.0, None, 1, None, "running"], "phased": [1.0, None, 1, None, "running"]},
+                   {"plain": {"loader_cpu_s": 3200 * 0.002, "samples": 3200},
+                    "phased": {"loader_cpu_s": 9.0, "samples": 3200}})
+    document = _run({"static": [static], "even": [even]}, [plain, phased])
+    assert workers_per_core(static, {"plain": plain, "phased": phased}) == pytest.approx(4.0)
+    assert workers_per_core(even, {"plain": plain, "phased": phased}) == pytest.approx(1.0)
+    assert job_cpu_costs(document) == {"plain": pytest.approx(0.002)}  # a phase's CPU is not one cost
+    jobs, _ = jobs_from_measured_mix(document)
+    costs = {job.name: job.cpu_s_per_sample for job in jobs}
+    assert costs == {"plain": pytest.approx(0.002), "phased": pytest.approx(jpeg_cost_s(224))}
+
+
+def test_the_quota_response_is_the_busy_reached_against_quota_over_the_cores_its_rate_needs() -> None:
+    from bench.replay import quota_response
+
+    # M = 320 samples/s at 1 ms a sample: 0.32 cores at full speed
+    spec = {"name": "j", "gpus": 1, "batch_size": 32, "compute_ms_per_batch": 100.0, "image_px": 224,
+            "samples": 3200, "arrival_s": 0.0, "num_workers": 1}
+    runs = [_repeat({"j": [quota, None, 1, None, "running"]},
+                    {"j": {"loader_cpu_s": 3.2, "samples": 3200, "busy_fraction": busy}})
+            for quota, busy in ((0.16, 0.45), (0.64, 0.99))]
+    table = quota_response([_run({"even": runs, "static": runs}, [spec])], fetch_s=0.0, contention_s=0.0)
+    assert table == ((0.0, 0.0), (0.5, 0.45), (2.0, 0.99))  # static runs have no quota to learn from
