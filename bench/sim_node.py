@@ -34,8 +34,9 @@ medians by bin over the 138 JPEG job runs of the measured ``even`` runs, which g
 job a quota (bench/results/node_random.json, node.json, node_real.json of 2026-11-24;
 ``python -m bench.replay`` refits it). A quota near a loader's mean use costs it 5-8% (its
 bursts are throttled, its main process with them); one far below it costs little beyond the
-cores. The table measured before on one 224 px job alone (docs/policies.md: 0.85 of its rate
-at 1.16x its use) made every replayed ``even`` run 2-4% too idle."""
+cores. The table measured before on one 224 px job alone (docs/policies.md: 377 of 444
+samples/s, 0.85, under a quota of 0.8 cores, 1.16x its 0.69 cores' use) made replayed
+``even`` runs ~4% too idle."""
 MAIN_PROCESS_CORES = 0.2
 """Cores a rank's main process can use beyond its workers (collate, the training loop)."""
 STARTUP_CORES = 1.0
