@@ -244,6 +244,32 @@ def test_jct_serves_the_job_closest_to_finishing_first() -> None:
     assert len({a.cpu_weight for a in adaptive.values()}) == 1
 
 
+def test_jct_holds_its_plan_as_the_shortest_job_nears_its_end_and_shares_between_near_ties() -> None:
+    """jct weighs jobs by their rank in remaining time, not by 1/R: as the job being served
+    first nears its end nothing changes (with 1/R it outweighed the rest more every second,
+    until a re-plan 0.6 s before it left passed the urgent bar, 18.8 s after the last event);
+    two jobs within 1.5x of each other's remaining time share a rank."""
+    policy = make_policy("jct")
+
+    def plan(short: float, cheap: float, long: float) -> dict[str, JobAllocation]:
+        jobs = [job("short", m=400.0, p=0.01, remaining_samples=short),  # needs more than the node
+                job("cheap", m=400.0, p=0.0005, remaining_samples=cheap),  # a fifth of a core does
+                job("long", m=400.0, p=0.01, remaining_samples=long)]
+        return policy.allocate(NODE, jobs)
+
+    early = plan(short=8_000.0, cheap=16_000.0, long=60_000.0)  # 20 s, 40 s and 150 s left
+    # 19 s later: with 1/R weights the cheap job, 39 s from its end, would now weigh 1/39 of
+    # the short one, too little for its fifth of a core, and lose it to the short job
+    late = plan(short=400.0, cheap=15_600.0, long=59_000.0)
+    assert late == early
+    assert early["cheap"].cpu_weight > early["short"].cpu_weight  # satisfied: it gets its cores at once
+    jobs = [job("short", m=400.0, p=0.01, remaining_samples=20_000.0),  # 50 s at full speed
+            job("middle", m=400.0, p=0.01, remaining_samples=26_000.0),  # 65 s: within 1.5x of 50 s
+            job("long", m=400.0, p=0.01, remaining_samples=60_000.0)]  # 150 s: behind both
+    weights = policy.weights(jobs, {j.job_id: model for j in jobs if (model := model_of(j)) is not None})
+    assert weights["short"] == weights["middle"] > weights["long"]
+
+
 def test_jct_without_any_remaining_work_known_is_adaptive() -> None:
     jobs = [job("a", gpus=4, m=400.0, p=0.01), job("b", m=400.0, p=0.01)]
     assert make_policy("jct").allocate(NODE, jobs) == make_policy("adaptive").allocate(NODE, jobs)
