@@ -197,6 +197,24 @@ def test_a_readers_workers_are_the_reads_in_flight_it_needs_at_the_rate_its_work
     assert workers(NODE, steady=None, achieved=150.0, current=2) == 2
 
 
+def test_a_job_bound_by_its_cores_that_reads_a_little_gets_workers_for_its_cores_not_its_reads() -> None:
+    """A JPEG job reading its files from a cold page cache reads enough to count as a reader,
+    but its workers decode rather than wait: 30 KB a sample takes 0.075 ms at the node's
+    400 MB/s against 2 ms of CPU. It gets the workers a job reading nothing would get; a raw
+    reader (1 MB a sample: 2.5 ms of reads against 1 ms of CPU) gets the reads in flight it
+    needs. With the bandwidth not managed there is nothing to weigh its reads against."""
+    others = [job(name, m=400.0, p=0.002) for name in "xyz"]
+
+    def workers(node: NodeResources, bytes_per_sample: float, p: float) -> int | None:
+        reading = job("reading", m=400.0, p=p, bytes_per_sample=bytes_per_sample, requested_workers=8,
+                      steady_workers=1, achieved=100.0)  # a quarter of its M, on one worker
+        return make_policy("adaptive").allocate(node, [reading, *others])["reading"].workers
+
+    assert workers(NODE, 30e3, 0.002) == workers(NODE, 0.0, 0.002) < 4
+    assert workers(NODE, 1e6, 0.001) == 4  # one worker reads 100 of the 400 MB/s it needs
+    assert workers(NodeResources(cpus=(0, 1, 2, 3)), 30e3, 0.002) == 4
+
+
 def test_bandwidth_is_left_alone_when_the_node_does_not_manage_it() -> None:
     node = NodeResources(cpus=(0, 1))
     allocation = make_policy("adaptive").allocate(node, [job("a", p=0.01, bytes_per_sample=1e6), job("b", p=0.01)])

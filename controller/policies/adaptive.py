@@ -45,6 +45,7 @@ from controller.policies.shares import (
     measured_model,
     predicted_objective,
     spread,
+    workers_follow_reads,
 )
 
 log = logging.getLogger(__name__)
@@ -137,9 +138,8 @@ class AdaptivePolicy:
             job_id for job_id, busy in solution.busy.items()
             if busy >= SATISFIED or (reads_exhausted and _bandwidth_bound(models[job_id], busy, solution.read_bps[job_id]))
         )
-        readers = {job_id: model.full_speed_read_bps for job_id, model in models.items() if model.is_reader}
         return allocations(
-            node, jobs, {**reserved_cores, **solution.cores}, read_bps, satisfied, readers,
+            node, jobs, {**reserved_cores, **solution.cores}, read_bps, satisfied, workers_follow_reads(node, models),
             self.workers_per_core, self.reader_workers_per_core,
         )
 

@@ -37,6 +37,7 @@ from controller.policies.shares import (
     floors,
     spread,
     with_plan_margin,
+    workers_follow_reads,
 )
 from throughput_model.curves import concave_lines
 
@@ -124,7 +125,7 @@ class OraclePolicy:
             if self.curves[job.name].busy(c, b if spare_io is not None else None) >= SATISFIED:
                 satisfied.add(job.job_id)
         read_bps = spread(bandwidth, io, floor=io_floor) if bandwidth is not None else None
-        readers = {job.job_id: m.full_speed_read_bps for job in known if (m := self.curves[job.name]).is_reader}
+        readers = workers_follow_reads(node, {job.job_id: self.curves[job.name] for job in known})
         return allocations(
             node, jobs, cores, read_bps, frozenset(satisfied), readers,
             self.workers_per_core, self.reader_workers_per_core,

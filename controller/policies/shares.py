@@ -225,6 +225,27 @@ def allocations(
     return result
 
 
+def workers_follow_reads(node: NodeResources, models: Mapping[str, JobModel]) -> dict[str, float]:
+    """The readers whose workers wait on the device more than they compute, each with the bytes/s
+    it reads at full speed: their workers follow their reads (:func:`reader_workers`). A job is
+    one when a sample's bytes take longer at the node's whole managed bandwidth than the CPU one
+    core spends on it (where the bandwidth is not managed, every reader is). A JPEG job reading
+    its files from a cold page cache passes READER_BYTES_PER_S, but its workers decode: 30 KB a
+    sample takes 0.05 ms at 600 MB/s against 2.2 ms of CPU. Given workers by its reads, at a
+    quarter of its full speed it got four for the one core planned (jct_lengths, a change 5.5 s
+    after the first reports); it gets workers for its cores."""
+    bandwidth = managed_bandwidth(node)
+    return {
+        job_id: model.full_speed_read_bps for job_id, model in models.items()
+        if model.is_reader and (bandwidth is None or _waits_on_reads(model, bandwidth))
+    }
+
+
+def _waits_on_reads(model: JobModel, bandwidth: float) -> bool:
+    per_core = evaluate_lines(model.lines, 1.0)
+    return per_core <= 0 or model.bytes_per_sample / bandwidth >= 1.0 / per_core
+
+
 def reader_workers(job: JobView, need_bps: float, limit: int) -> int:
     """Workers per rank for a reader: as many reads in flight as it takes to read ``need_bps``
     (its full-speed reads, at most its planned or the node's declared bandwidth), no more than
