@@ -14,9 +14,9 @@ from the runs are their inputs and component measurements, never their ratios:
 - the fetch time no prefetching hides (``fit_fetch``, FETCH_*): the training loop's time per
   batch beyond its GPU step, for the jobs whose loaders kept up.
 
-The last two are constants (of sim_node and of this module), fitted with ``python -m bench.replay``: it prints
-the fits next to the constants, and how well the fetch fitted on the odd random mixes alone
-replays the other mixes. Refit them when the runs are retaken on another machine.
+The last two are constants (of sim_node and of this module), fitted with ``python -m
+bench.replay``: it prints the fits next to the constants, and how well the fetch fitted on
+the odd random mixes alone replays the other mixes. Refit them when the runs are retaken on another machine.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import json
 import math
 import statistics
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from bench.sim_node import (
     QUOTA_TABLE,
@@ -104,14 +104,22 @@ def workers_per_core(repeat: Mapping[str, Any], specs: Mapping[str, Mapping[str,
                      cores: int = NODE_CORES) -> float:
     """DataLoader workers per core of one run, averaged over its time (running jobs only; a job
     the controller never resized has the workers it asked for)."""
+    average = _time_average(repeat, lambda allocation: sum(
+        fields[2] if fields[2] is not None else specs[name]["num_workers"]
+        for name, fields in allocation.items() if fields[4] == "running"))
+    return (average or 0.0) / cores
+
+
+def _time_average(repeat: Mapping[str, Any], value: Callable[[Mapping[str, Any]], float | None]) -> float | None:
+    """``value`` of the allocation in force, averaged over the time it is not None in one run
+    (the benchmark samples the allocations twice a second); None when it never is."""
     samples = repeat.get("allocations") or []
     total = span = 0.0
     for (t0, allocation), (t1, _) in zip(samples, samples[1:]):
-        workers = sum(fields[2] if fields[2] is not None else specs[name]["num_workers"]
-                      for name, fields in allocation.items() if fields[4] == "running")
-        total += workers * (t1 - t0)
-        span += t1 - t0
-    return total / span / cores if span > 0 else 0.0
+        if (v := value(allocation)) is not None:
+            total += v * (t1 - t0)
+            span += t1 - t0
+    return total / span if span > 0 else None
 
 
 def _job_runs(document: Mapping[str, Any], policies: Sequence[str] | None = None
@@ -270,7 +278,7 @@ def quota_response(documents: Sequence[Mapping[str, Any]], fetch_s: float = FETC
         for _, repeat, spec, job in _job_runs(document, ("even",)):
             if not _plain(spec) or spec.get("io_bound") or not job.get("samples"):
                 continue
-            quota = _time_averaged_quota(repeat, spec["name"])
+            quota = _time_average(repeat, lambda allocation: _running_quota(allocation.get(spec["name"])))
             if quota is None:
                 continue
             per_core = workers_per_core(repeat, specs)
@@ -287,15 +295,9 @@ def quota_response(documents: Sequence[Mapping[str, Any]], fetch_s: float = FETC
     return tuple(table)
 
 
-def _time_averaged_quota(repeat: Mapping[str, Any], name: str) -> float | None:
-    samples = repeat.get("allocations") or []
-    total = span = 0.0
-    for (t0, allocation), (t1, _) in zip(samples, samples[1:]):
-        fields = allocation.get(name)
-        if fields and fields[4] == "running" and fields[0]:
-            total += fields[0] * (t1 - t0)
-            span += t1 - t0
-    return total / span if span > 0 else None
+def _running_quota(fields: Sequence[Any] | None) -> float | None:
+    """A job's quota in an allocation sample while it runs under one."""
+    return fields[0] if fields and fields[4] == "running" and fields[0] else None
 
 
 def fit_fetch(documents: Sequence[Mapping[str, Any]]) -> tuple[float, float]:
