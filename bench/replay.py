@@ -261,17 +261,12 @@ def abs_differences_pct(rows: Sequence[Mapping[str, Any]]) -> list[float]:
     return [abs(row[k]["difference_pct"]) for row in rows for k in ("adaptive_vs_static", "adaptive_vs_even")]
 
 
-def _fetch_ceiling(spec: Mapping[str, Any], per_core: float, fetch_s: float, contention_s: float) -> float:
-    """The busy fraction a job whose loader keeps up reaches: its step over step + fetch."""
-    step_s = spec["compute_ms_per_batch"] / 1000.0
-    return step_s / (step_s + spec["batch_size"] * (fetch_s + contention_s * per_core))
-
-
 def quota_response(documents: Sequence[Mapping[str, Any]], fetch_s: float = FETCH_S_PER_SAMPLE,
                    contention_s: float = FETCH_CONTENTION_S_PER_SAMPLE) -> tuple[tuple[float, float], ...]:
     """(quota / cores its rate needs, share of that rate reached) medians by bin, over the plain
     JPEG jobs of the ``even`` runs (which give every job a quota); the need is at the job's
     fetch ceiling, and the share is its busy fraction over that ceiling."""
+    node = SimNode(cores=NODE_CORES, fetch_s_per_sample=fetch_s, fetch_contention_s_per_sample=contention_s)
     points = []
     for document in documents:
         specs = {spec["name"]: spec for spec in document["mix"]["jobs"]}
@@ -281,11 +276,10 @@ def quota_response(documents: Sequence[Mapping[str, Any]], fetch_s: float = FETC
             quota = _time_average(repeat, lambda allocation: _running_quota(allocation.get(spec["name"])))
             if quota is None:
                 continue
-            per_core = workers_per_core(repeat, specs)
-            ceiling = _fetch_ceiling(spec, per_core, fetch_s, contention_s)
-            need = spec["batch_size"] / (spec["compute_ms_per_batch"] / 1000.0) * ceiling * (
-                job["loader_cpu_s"] / job["samples"])
-            points.append((quota / need, job["busy_fraction"] / ceiling))
+            m = spec["batch_size"] / (spec["compute_ms_per_batch"] / 1000.0)
+            rate = node.fetch_ceiling(m, 1, workers_per_core(repeat, specs))
+            need = rate * job["loader_cpu_s"] / job["samples"]
+            points.append((quota / need, job["busy_fraction"] * m / rate))
     table = [(0.0, 0.0)]
     for low, high in zip(QUOTA_BINS, QUOTA_BINS[1:]):
         inside = [point for point in points if low <= point[0] < high]

@@ -201,12 +201,12 @@ class SimNode:
                 return b0 + (b1 - b0) * (reads_in_flight - n0) / (n1 - n0)
         return curve[-1][1]
 
-    def fetch_ceiling(self, job: SimJob, workers_per_core: float) -> float:
-        """Samples/s ``job`` reaches when its loader keeps up, with ``workers_per_core`` DataLoader
-        workers per core on the node: each rank fetches its own batches, so a job of r ranks
-        loses one sample's fetch time per r samples."""
+    def fetch_ceiling(self, max_throughput: float, ranks: int, workers_per_core: float) -> float:
+        """Samples/s a job of M ``max_throughput`` reaches when its loader keeps up, with
+        ``workers_per_core`` DataLoader workers per core on the node: each of its ``ranks``
+        fetches its own batches, so it loses one sample's fetch time per ``ranks`` samples."""
         fetch_s = self.fetch_s_per_sample + self.fetch_contention_s_per_sample * workers_per_core
-        return 1.0 / (1.0 / job.max_throughput + fetch_s / job.ranks)
+        return 1.0 / (1.0 / max_throughput + fetch_s / ranks)
 
     def resources(self) -> NodeResources:
         return NodeResources(cpus=tuple(range(self.cores)), read_bps=self.read_bps,
@@ -315,7 +315,8 @@ def _advance(node: SimNode, live: dict[str, _Live], starting: Sequence[_Live], a
                         else job.spec.requested_workers) * job.spec.ranks for job_id, job in live.items()}
     inflation = oversubscription_inflation(sum(workers.values()), node.cores)
     per_core = sum(workers.values()) / node.cores
-    ceiling = {job_id: node.fetch_ceiling(job.spec, per_core) for job_id, job in live.items()}
+    ceiling = {job_id: node.fetch_ceiling(job.spec.max_throughput, job.spec.ranks, per_core)
+               for job_id, job in live.items()}
     for job_id, job in live.items():
         a = applied.get(job_id, JobAllocation())
         age = now - job.spec.arrival_s

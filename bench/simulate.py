@@ -105,8 +105,9 @@ def true_model(job: SimJob, age_s: float, node: SimNode) -> JobModel:
     """The job's true model at ``age_s`` after its arrival on ``node``, planned as the oracle
     plans: its M is what it reaches with a worker per core when its loader keeps up."""
     points = [(c, job.loading_rate(c, age_s)) for c in (0.5, 1, 2, 4, 8, 16, 32, 64, 128)]
-    return with_plan_margin(JobModel(max_throughput=node.fetch_ceiling(job, workers_per_core=1.0),
-                                     lines=concave_lines(points), bytes_per_sample=job.bytes_per_sample))
+    full_speed = node.fetch_ceiling(job.max_throughput, job.ranks, workers_per_core=1.0)
+    return with_plan_margin(JobModel(max_throughput=full_speed, lines=concave_lines(points),
+                                     bytes_per_sample=job.bytes_per_sample))
 
 
 def oracle_for(jobs: Sequence[SimJob], node: SimNode, last_phase: bool = False) -> OraclePolicy:
