@@ -221,7 +221,7 @@ def simulate(node: SimNode, jobs: Sequence[SimJob], policy: Policy, seed: int = 
     now = 0.0
     clock = clock if clock is not None else SimClock()
     change_clock = ChangeClock(clock=clock)
-    net = SafetyNet(clock=clock) if safety_net else None
+    net = SafetyNet(clock=clock, window_s=WINDOW_S) if safety_net else None
     resources = node.resources()
     pending = sorted(jobs, key=lambda j: j.arrival_s)
     starting: list[_Live] = []
@@ -297,7 +297,7 @@ def _view(job: _Live, applied: dict[str, JobAllocation]) -> JobView:
         bytes_per_sample=spec.bytes_per_sample if samples > 0 else None,
         loading_curve=job.estimator.points(), curve_windows=job.estimator.observations,
         curve_batches=job.estimator.evidence_batches,
-        achieved=samples / span if len(job.window) >= 2 else None,
+        achieved=samples / span if len(job.window) >= 2 else None, batch_size=spec.batch_size,
         steady_workers=counts.pop() if len(job.window) >= 2 and len(counts) == 1 else None,
         remaining_samples=max(0.0, spec.samples - job.done),  # declared, as `adloader run --samples` does
         current=applied.get(job.job_id, JobAllocation()),

@@ -107,7 +107,7 @@ class Controller:
         self._memory_reads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="adloader-worker-memory")
         self.loop = ControlLoop(
             self.backend, self.node, make_policy(config.policy or default_policy()),
-            change_clock=ChangeClock(clock=clock), safety_net=SafetyNet(clock=clock),
+            change_clock=ChangeClock(clock=clock), safety_net=SafetyNet(clock=clock, window_s=config.window_s),
             worker_memory=WorkerMemory(config.memory_reserve, proc=config.proc, cgroup_root=config.cgroup_root,
                                        ceiling_per_rank=self.node.max_workers_per_job, executor=self._memory_reads,
                                        clock=clock),

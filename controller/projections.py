@@ -45,6 +45,7 @@ def view_of(job: "Job", current: JobAllocation) -> JobView:
         cpu_s_per_sample=model.cpu_s_per_sample, bytes_per_sample=model.bytes_per_sample,
         loading_curve=job.loading_curve.points(), curve_windows=job.loading_curve.observations,
         curve_batches=job.loading_curve.evidence_batches, achieved=job.measurement.rates.achieved,
+        batch_size=max((report.batch_size for report in job.measurement.latest), default=None),
         steady_workers=job.measurement.steady_workers, remaining_samples=job.remaining, current=current,
     )
 

@@ -142,3 +142,33 @@ def test_a_job_is_held_to_what_the_plan_meant_to_leave_it(rate: float, taken_bac
         applied = result
     assert (applied["j"] == before) is taken_back
     assert net.reverts == int(taken_back)
+
+
+def test_a_held_job_may_be_given_more_but_not_cut_again() -> None:
+    """Held at its previous allocation, the job still gets whatever the policy gives it beyond
+    that (the cores and workers of a job that left), field by field."""
+    clock = Clock()
+    net = SafetyNet(clock=clock, settle_s=5.0, confirm_steps=3, hold_s=60.0)
+    applied = run(net, clock, [100.0] * 5 + [60.0] * 3)
+    assert applied[-1] == BEFORE
+    raised = JobAllocation(cpu_weight=2000, workers=2, read_bps=10**8)
+    result, _ = net.review([view(60.0, BEFORE)], {"j": raised}, gain_driven=True)
+    assert result["j"] == JobAllocation(cpu_weight=2000, workers=4)  # more weight, workers and reads kept
+
+
+@pytest.mark.parametrize(("batch_size", "taken_back"), [(32, False), (1, True)])
+def test_a_drop_within_the_counting_noise_of_a_few_batches_is_left_alone(batch_size: int, taken_back: bool) -> None:
+    """Planned down to about 4 samples/s, a job in batches of 32 counts under one batch a
+    window (5 s) and often measures none; the same drop counted in single samples is real."""
+    clock = Clock()
+    net = SafetyNet(clock=clock, settle_s=5.0, confirm_steps=3, hold_s=60.0, window_s=5.0)
+    current = BEFORE
+    result, _ = net.review([JobView(job_id="j", name="starved", achieved=4.0, current=current, batch_size=batch_size)],
+                           {"j": CUT}, gain_driven=True)
+    for _ in range(12):
+        clock.now += 1.0
+        current = result["j"]
+        result, _ = net.review([JobView(job_id="j", name="starved", achieved=0.0, current=current,
+                                        batch_size=batch_size)], {"j": CUT}, gain_driven=True)
+    assert (result["j"] == BEFORE) is taken_back
+    assert net.reverts == int(taken_back)

@@ -83,6 +83,9 @@ class JobView:
     doubt assumed)."""
     achieved: float | None = None
     """T: samples/s measured over the last window."""
+    batch_size: int | None = None
+    """Samples in one of a rank's batches: ``achieved`` is counted in whole batches, so a job
+    delivering few of them a window measures a noisy rate. None: not known."""
     steady_workers: int | None = None
     """Loader workers per rank the job ran throughout that window (its rates were measured at
     this count); None: the count changed inside it, or is not known."""
