@@ -198,11 +198,15 @@ def jobs_from_measured_mix(document: Mapping[str, Any]) -> tuple[list[SimJob], S
                            if python_s > 0 else math.inf))
     node = document.get("node", {})
     period = float(node.get("period_s", 0.5))
-    return jobs, SimNode(cores=NODE_CORES, disk_bps=DISK_BPS, disk_curve=measured_disk_curve(),
-                         read_bps=node.get("read_bps"), period_s=period,
-                         settle_period_s=float(node.get("settle_period_s", period)),
-                         fetch_s_per_sample=FETCH_S_PER_SAMPLE,
-                         fetch_contention_s_per_sample=FETCH_CONTENTION_S_PER_SAMPLE)
+    return jobs, measured_node(period, float(node.get("settle_period_s", period)), node.get("read_bps"))
+
+
+def measured_node(period_s: float, settle_period_s: float, read_bps: float | None = None) -> SimNode:
+    """The 2-core node the benchmarks ran on, as the simulator models it: its disk's measured
+    curve and the fetch time fitted on its runs; ``read_bps``: the bandwidth the controller managed."""
+    return SimNode(cores=NODE_CORES, disk_bps=DISK_BPS, disk_curve=measured_disk_curve(), read_bps=read_bps,
+                   period_s=period_s, settle_period_s=settle_period_s, fetch_s_per_sample=FETCH_S_PER_SAMPLE,
+                   fetch_contention_s_per_sample=FETCH_CONTENTION_S_PER_SAMPLE)
 
 
 def reality_check(documents: Sequence[Mapping[str, Any]], seeds: int = 3,

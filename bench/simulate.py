@@ -39,7 +39,15 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from bench.replay import DISK_BPS, MEASURED_COST_S, STARTUP_S, abs_differences_pct, measured_documents, reality_check
+from bench.replay import (
+    DISK_BPS,
+    MEASURED_COST_S,
+    STARTUP_S,
+    abs_differences_pct,
+    measured_documents,
+    measured_node,
+    reality_check,
+)
 from bench.report import write_json
 from bench.sim_node import SimClock, SimJob, SimNode, SimResult, simulate
 from controller.policies import make_policy
@@ -99,6 +107,33 @@ def crossing_mix(cores: int, n_jobs: int, seed: int, gpus: int = 8) -> list[SimJ
         batch_size=rng.choice([32, 64, 128]),
         phases=((duration * rng.uniform(0.3, 0.6), CROSSING_FACTORS[i % 2]),), startup_s=STARTUP_S,
     ) for i, g, p, m, duration in _sized_jobs(rng, cores, n_jobs, gpus, (1.0, 1.6))]
+
+
+PHASE_COSTS = (2, 3, 4)
+"""How many times dearer a job of a 2-core phase mix gets (``adloader bench``'s phase_cost: each
+sample loaded that many times)."""
+
+
+def two_core_phase_mix(cores: int, n_jobs: int, seed: int) -> list[SimJob]:
+    """A seeded mix for the measured 2-core node (``measured_node``), as ``adloader bench``
+    could run it: 1-4 GPUs a job, one process each, 50-90 s at full speed, the node 1.0x to
+    2.0x oversubscribed, and one or two jobs getting 2-4x dearer from 30-60% of their run (the
+    only way the benchmark's jobs change phase). Following phases was measured at this size
+    (``real_node.json``); this asks how much it could give here."""
+    rng = random.Random(seed * 104_729 + cores + n_jobs)
+    load = rng.uniform(1.0, 2.0) * cores
+    shares = [rng.expovariate(1.0) for _ in range(n_jobs)]
+    dearer = set(rng.sample(range(n_jobs), rng.choice([1, 2]) if n_jobs > 1 else 1))
+    jobs = []
+    for i, share in enumerate(shares):
+        p = MEASURED_COST_S[rng.choice(sorted(MEASURED_COST_S))]
+        m = max(20.0, load * share / sum(shares) / p)
+        duration = rng.uniform(50.0, 90.0)
+        jobs.append(SimJob(
+            name=f"p{cores}-{n_jobs}-{seed}-{i}", gpus=rng.choice([1, 2, 4]), max_throughput=m, cpu_s_per_sample=p,
+            samples=m * duration, requested_workers=rng.choice([2, 4, 8]), batch_size=32, startup_s=STARTUP_S,
+            phases=((duration * rng.uniform(0.3, 0.6), float(rng.choice(PHASE_COSTS))),) if i in dearer else ()))
+    return jobs
 
 
 def true_model(job: SimJob, age_s: float, node: SimNode) -> JobModel:
@@ -210,12 +245,12 @@ def run_mix(node: SimNode, jobs: Sequence[SimJob], seed: int, policies: Sequence
 
 
 def node_row(node: SimNode, n_jobs: int, n_mixes: int, make_mix: Callable[[int, int, int], list[SimJob]],
-             policies: Sequence[str]) -> dict[str, Any]:
+             policies: Sequence[str], gpus: int | None = 8) -> dict[str, Any]:
     """One row of a report: ``n_mixes`` seeded mixes of ``n_jobs`` jobs on ``node`` under
     ``policies``, with each policy's median GPU busy and adaptive's ratios (min and median)."""
     mixes = [run_mix(node, make_mix(node.cores, n_jobs, seed), seed, policies) for seed in range(1, n_mixes + 1)]
     ratios = {k: [m["ratios"][k] for m in mixes] for k in mixes[0]["ratios"]}
-    return {"cores": node.cores, "gpus": 8, "jobs": n_jobs, "mixes": mixes,
+    return {"cores": node.cores, "gpus": gpus, "jobs": n_jobs, "mixes": mixes,
             "gpu_busy_median": {p: statistics.median(m["policies"][p]["gpu_busy"] for m in mixes) for p in policies},
             "adaptive_ratio_min": {k: min(v) for k, v in ratios.items()},
             "adaptive_ratio_median": {k: statistics.median(v) for k, v in ratios.items()}}
@@ -245,6 +280,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--crossing-jobs", type=int, nargs="+", default=[4, 8],
                         help="job counts of the crossing-phase mixes (every job changes phase)")
     parser.add_argument("--mixes", type=int, default=3, help="seeded mixes per node size and job count")
+    parser.add_argument("--two-core-mixes", type=int, default=15,
+                        help="seeded phase mixes per job count (2, 3, 4) on the measured 2-core node")
     parser.add_argument("--period", type=float, default=1.0, help="control period, s (the controller's default)")
     parser.add_argument("--settle-period", type=float, default=0.5,
                         help="control period while the node settles, s (the controller's default)")
@@ -252,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
     args = parser.parse_args(argv)
     if args.quick:
-        args.cores, args.jobs, args.crossing_jobs, args.mixes = [64], [4], [4], 1
+        args.cores, args.jobs, args.crossing_jobs, args.mixes, args.two_core_mixes = [64], [4], [4], 1, 2
     started = time.perf_counter()
 
     def sim_node(cores: int) -> SimNode:
@@ -286,6 +323,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{cores:>5}c/8g {n:>4} {summary['static']:>7.3f} {summary['oracle']:>7.3f} "
                   f"{summary['oracle_phased']:>7.3f} {summary['adaptive']:>7.3f} {med['adaptive_vs_oracle']:>7.3f}x "
                   f"{med['oracle_phased_vs_oracle']:>7.3f}x {med['adaptive_vs_static']:>7.3f}x")
+    two_core = []
+    print("\nPhase changes on the measured 2-core node (1-2 jobs 2-4x dearer mid-run; oversubscribed 1-2x):")
+    print(f"{'node':>10} {'jobs':>4} {'static':>7} {'oracle':>7} {'phased':>7} {'adapt':>7} "
+          f"{'a/oracle (min-max)':>19} {'phased/o (min-max)':>19} {'give-backs':>10}")
+    for n in (2, 3, 4):
+        row = node_row(measured_node(args.period, args.settle_period), n, args.two_core_mixes, two_core_phase_mix,
+                       CROSSING_POLICIES, gpus=None)
+        two_core.append(row)
+        summary, med, low = row["gpu_busy_median"], row["adaptive_ratio_median"], row["adaptive_ratio_min"]
+        high = {k: max(m["ratios"][k] for m in row["mixes"]) for k in med}
+        reverts = sum(m["policies"]["adaptive"]["safety_net_reverts"] for m in row["mixes"])
+        print(f"{'2c':>10} {n:>4} {summary['static']:>7.3f} {summary['oracle']:>7.3f} {summary['oracle_phased']:>7.3f} "
+              f"{summary['adaptive']:>7.3f} {med['adaptive_vs_oracle']:>6.3f}x ({low['adaptive_vs_oracle']:.2f}-"
+              f"{high['adaptive_vs_oracle']:.2f}) {med['oracle_phased_vs_oracle']:>6.3f}x "
+              f"({low['oracle_phased_vs_oracle']:.2f}-{high['oracle_phased_vs_oracle']:.2f}) {reverts:>10}")
     check = reality_check(measured_documents(), seeds=1 if args.quick else 3)
     print("\nCheck against the measured 2-core runs (GPU-emulated there, simulated here): adaptive/static, adaptive/even")
     for row in check:
@@ -304,7 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     document = {
         "benchmark": "adloader policies at 8-GPU scale, SIMULATED (bench/sim_node.py drives the real policies)",
         "machine": {"platform": platform.platform(), "python": platform.python_version()},
-        "period_s": args.period, "settle_period_s": args.settle_period, "scale": scale, "crossing_phases": crossing, "reality_check": check,
+        "period_s": args.period, "settle_period_s": args.settle_period, "scale": scale, "crossing_phases": crossing,
+        "two_core_phases": two_core, "reality_check": check,
         "random_mix_headroom_vs_static": headroom,
         "reality_check_abs_difference_pct": {"median": statistics.median(differences) if differences else None,
                                              "max": max(differences, default=None)},

@@ -85,6 +85,21 @@ def test_a_crossing_mix_oversubscribes_the_node_and_moves_every_job_to_another_p
     assert crossing_mix(64, 8, seed=3) == jobs  # seeded
 
 
+def test_a_two_core_phase_mix_oversubscribes_the_node_and_makes_one_or_two_jobs_dearer_mid_run() -> None:
+    from bench.simulate import PHASE_COSTS, two_core_phase_mix
+
+    for seed in range(1, 11):
+        jobs = two_core_phase_mix(2, 3, seed)
+        assert len(jobs) == 3 and two_core_phase_mix(2, 3, seed) == jobs  # seeded
+        assert 2.0 <= sum(j.max_throughput * j.cpu_s_per_sample for j in jobs) <= 4.0 + 1e-9
+        phased = [j for j in jobs if j.phases]
+        assert 1 <= len(phased) <= 2
+        for job in phased:
+            ((start, cost),) = job.phases
+            full_speed_s = job.samples / job.max_throughput
+            assert cost in PHASE_COSTS and 0.3 * full_speed_s <= start <= 0.6 * full_speed_s
+
+
 def test_more_workers_per_core_make_every_sample_dearer() -> None:
     """A loading-bound job alone on two cores: with 16 workers its samples cost what eight
     workers per core cost (the fitted inflation), with two it delivers two cores' worth."""
