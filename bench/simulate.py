@@ -62,18 +62,18 @@ CROSSING_POLICIES = ("static", "adaptive", "oracle", "oracle_phased")
 
 # ---------------------------------------------------------------------------------------- mixes
 
-def _sized_jobs(rng: random.Random, cores: int, n_jobs: int, gpus: int, load_range: tuple[float, float]
-                ) -> Iterator[tuple[int, int, float, float, float]]:
-    """(index, GPUs, CPU s per sample, M, seconds at full speed) of each job of a mix whose jobs
-    at full speed want ``load_range`` times the node's cores, split at random; lazily, so the
-    caller's own draws for a job come between this one's, in a fixed order (seeded mixes)."""
-    per_job = [max(1, gpus // n_jobs)] * n_jobs
+def _sized_jobs(rng: random.Random, cores: int, per_job: Sequence[int], load_range: tuple[float, float],
+                durations_s: tuple[float, float] = (180.0, 600.0)) -> Iterator[tuple[int, int, float, float, float]]:
+    """(index, GPUs, CPU s per sample, M, seconds at full speed) of each job of a mix whose
+    jobs, of ``per_job`` GPUs each, at full speed want ``load_range`` times the node's cores,
+    split at random; lazily, so the caller's own draws for a job come between this one's, in a
+    fixed order (seeded mixes)."""
     load = rng.uniform(*load_range) * cores
     shares = [rng.expovariate(1.0) * g for g in per_job]
     for i, (g, share) in enumerate(zip(per_job, shares)):
         p = MEASURED_COST_S[rng.choice(sorted(MEASURED_COST_S))]
         m = max(20.0 * g, load * share / sum(shares) / p)
-        yield i, g, p, m, rng.uniform(180.0, 600.0)
+        yield i, g, p, m, rng.uniform(*durations_s)
 
 
 def scale_mix(cores: int, n_jobs: int, seed: int, gpus: int = 8) -> list[SimJob]:
@@ -85,7 +85,7 @@ def scale_mix(cores: int, n_jobs: int, seed: int, gpus: int = 8) -> list[SimJob]
         requested_workers=rng.choice([2, 4, 8, 16]), ranks=g, batch_size=rng.choice([32, 64, 128]),
         phases=((duration / 2, 2.0),) if i == 0 else (),
         python_cap=0.6 * m if i == 1 else math.inf, startup_s=STARTUP_S,
-    ) for i, g, p, m, duration in _sized_jobs(rng, cores, n_jobs, gpus, (0.6, 1.6))]
+    ) for i, g, p, m, duration in _sized_jobs(rng, cores, [max(1, gpus // n_jobs)] * n_jobs, (0.6, 1.6))]
 
 
 CROSSING_FACTORS = (2.5, 0.4)
@@ -106,7 +106,7 @@ def crossing_mix(cores: int, n_jobs: int, seed: int, gpus: int = 8) -> list[SimJ
         samples=m * duration, requested_workers=rng.choice([2, 4, 8, 16]), ranks=g,
         batch_size=rng.choice([32, 64, 128]),
         phases=((duration * rng.uniform(0.3, 0.6), CROSSING_FACTORS[i % 2]),), startup_s=STARTUP_S,
-    ) for i, g, p, m, duration in _sized_jobs(rng, cores, n_jobs, gpus, (1.0, 1.6))]
+    ) for i, g, p, m, duration in _sized_jobs(rng, cores, [max(1, gpus // n_jobs)] * n_jobs, (1.0, 1.6))]
 
 
 PHASE_COSTS = (2, 3, 4)
@@ -121,19 +121,13 @@ def two_core_phase_mix(cores: int, n_jobs: int, seed: int) -> list[SimJob]:
     only way the benchmark's jobs change phase). Following phases was measured at this size
     (``real_node.json``); this asks how much it could give here."""
     rng = random.Random(seed * 104_729 + cores + n_jobs)
-    load = rng.uniform(1.0, 2.0) * cores
-    shares = [rng.expovariate(1.0) for _ in range(n_jobs)]
+    gpus = [rng.choice([1, 2, 4]) for _ in range(n_jobs)]
     dearer = set(rng.sample(range(n_jobs), rng.choice([1, 2]) if n_jobs > 1 else 1))
-    jobs = []
-    for i, share in enumerate(shares):
-        p = MEASURED_COST_S[rng.choice(sorted(MEASURED_COST_S))]
-        m = max(20.0, load * share / sum(shares) / p)
-        duration = rng.uniform(50.0, 90.0)
-        jobs.append(SimJob(
-            name=f"p{cores}-{n_jobs}-{seed}-{i}", gpus=rng.choice([1, 2, 4]), max_throughput=m, cpu_s_per_sample=p,
-            samples=m * duration, requested_workers=rng.choice([2, 4, 8]), batch_size=32, startup_s=STARTUP_S,
-            phases=((duration * rng.uniform(0.3, 0.6), float(rng.choice(PHASE_COSTS))),) if i in dearer else ()))
-    return jobs
+    return [SimJob(
+        name=f"p{cores}-{n_jobs}-{seed}-{i}", gpus=g, max_throughput=m, cpu_s_per_sample=p, samples=m * duration,
+        requested_workers=rng.choice([2, 4, 8]), batch_size=32, startup_s=STARTUP_S,
+        phases=((duration * rng.uniform(0.3, 0.6), float(rng.choice(PHASE_COSTS))),) if i in dearer else (),
+    ) for i, g, p, m, duration in _sized_jobs(rng, cores, gpus, (1.0, 2.0), durations_s=(50.0, 90.0))]
 
 
 def true_model(job: SimJob, age_s: float, node: SimNode) -> JobModel:
