@@ -164,7 +164,8 @@ class SafetyNet:
             del self._watches[view.job_id]
             return None
         expected = watch.expected(view.cpu_s_per_sample)
-        if view.achieved >= (1.0 - self.drop) * expected or not self._beyond_counting_noise(view, expected):
+        if (view.achieved >= (1.0 - self.drop) * expected
+                or not self._beyond_counting_noise(view.achieved, expected, view.batch_size)):
             watch.low_steps = 0
             return None
         watch.low_steps += 1
@@ -180,15 +181,15 @@ class SafetyNet:
         return Revert(job_id=view.job_id, rate_before=watch.rate_before, rate_after=view.achieved,
                       allocation=watch.before)
 
-    def _beyond_counting_noise(self, view: JobView, expected: float) -> bool:
-        """True when the window's batches fall short of those ``expected`` samples/s make by
-        more than ``noise_z`` standard deviations of their count (always, when the job's batch
-        size is not known)."""
-        if not view.batch_size or view.achieved is None:
+    def _beyond_counting_noise(self, achieved: float, expected: float, batch_size: int | None) -> bool:
+        """True when the batches ``achieved`` samples/s make in a window fall short of those
+        ``expected`` samples/s make by more than ``noise_z`` standard deviations of their count
+        (always, when the job's batch size is not known)."""
+        if not batch_size:
             return True
-        batches_per_sample = self.window_s / view.batch_size
+        batches_per_sample = self.window_s / batch_size
         expected_batches = expected * batches_per_sample
-        return expected_batches - view.achieved * batches_per_sample > self.noise_z * math.sqrt(expected_batches)
+        return expected_batches - achieved * batches_per_sample > self.noise_z * math.sqrt(expected_batches)
 
     def _forget(self, live: set[str], now: float) -> None:
         for job_id in [j for j in self._watches if j not in live]:
