@@ -133,19 +133,20 @@ def test_the_real_node_mix_is_replayed_with_its_phase_and_its_python_work() -> N
     assert all(job.python_cap == float("inf") for name, job in by_name.items() if name != "pybound-1g")
 
 
-def test_jobs_declare_their_remaining_samples_so_jct_serves_the_shortest_first() -> None:
-    """As ``adloader run --samples`` does: the views carry what is left, and ``jct`` (which
-    weighs each job by 1/remaining time) finishes four same-shape jobs of lengths 1:2:4:8 in
-    order, the shortest well before its even-share time; ``adaptive`` shares them evenly."""
+def test_jobs_declare_their_remaining_samples_so_jct_and_adaptive_serve_the_shortest_first() -> None:
+    """As ``adloader run --samples`` does: the views carry what is left, and ``jct`` (ranks in
+    remaining time) finishes four same-shape jobs of lengths 1:2:4:8 in order, the shortest well
+    before its even-share time; ``adaptive`` (a job clearly behind another in remaining time per
+    GPU counts half) serves them in order too; ``even`` ignores their lengths."""
     shaped = dict(gpus=1, max_throughput=800.0, cpu_s_per_sample=0.00325, batch_size=32, requested_workers=1)
     jobs = [SimJob(name=f"len{n}", samples=3200.0 * n, **shaped) for n in (1, 2, 4, 8)]  # type: ignore[arg-type]
     node = SimNode(cores=2)
-    even = simulate(node, jobs, make_policy("adaptive"), seed=0).jobs
-    srpt = simulate(node, jobs, make_policy("jct"), seed=0).jobs
-    order = sorted(srpt, key=lambda name: srpt[name]["jct_s"])
-    assert order == ["len1", "len2", "len4", "len8"]
-    assert srpt["len1"]["jct_s"] < 0.75 * even["len1"]["jct_s"]
-    assert sum(j["jct_s"] for j in srpt.values()) < sum(j["jct_s"] for j in even.values())
+    even = simulate(node, jobs, make_policy("even"), seed=0).jobs
+    for policy in ("jct", "adaptive"):
+        served = simulate(node, jobs, make_policy(policy), seed=0).jobs
+        assert sorted(served, key=lambda name: served[name]["jct_s"]) == ["len1", "len2", "len4", "len8"], policy
+        assert served["len1"]["jct_s"] < 0.75 * even["len1"]["jct_s"], policy
+        assert sum(j["jct_s"] for j in served.values()) < sum(j["jct_s"] for j in even.values()), policy
 
 
 def test_a_reader_with_more_reads_in_flight_reads_what_the_measured_disk_gives_them() -> None:

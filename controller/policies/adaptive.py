@@ -3,10 +3,19 @@ most GPUs busy, from each job's measured (or predicted) model.
 
 Each period: jobs whose model is known (M and a loading curve, see
 :func:`controller.policies.shares.measured_model`) go into the linear program of
-:mod:`controller.policies.lp`, maximising Σ g_j·T_j/M_j; a job not yet measured
+:mod:`controller.policies.lp`, maximising Σ w_j·T_j/M_j; a job not yet measured
 keeps an even share of the node (C/n cores, B/n bandwidth) until its first reports
 arrive. Cores and bandwidth the program leaves over go to the jobs as headroom, so
 nothing is held back idle. Workers follow cores.
+
+The weight w_j is the job's GPUs g_j, halved when another job is clearly closer to its end
+per GPU (remaining time at full speed per GPU, R/g, more than 1.5x the other's; known when
+the jobs declare their length). A run's GPU busy is a GPU-weighted sum of completion times
+(docs/policies.md): a job that finishes sooner stops holding its GPUs, so, as Smith's rule
+orders such sums, the job with the least left per GPU is served first. One step only: a
+chain of halvings, one per job ahead, lost 7% to the oracle on simulated 128-core nodes with
+16 jobs, where one step lost nothing and lifted seeded random mix 11 from 0.98x to 1.00x
+static in the simulator.
 
 Stability: jobs worth the same per core up to measurement noise are planned as equals
 (:mod:`controller.policies.worth`), so they share evenly instead of trading the node
@@ -35,6 +44,7 @@ from typing import Mapping, Sequence
 
 from controller.policies import lp
 from controller.policies.base import Allocation, JobAllocation, JobView, NodeResources
+from controller.policies.ranks import ranks_behind, remaining_times
 from controller.policies.worth import MATURE_CURVE_WINDOWS, pool_equal_worth
 from controller.policies.shares import (
     SATISFIED,
@@ -49,6 +59,10 @@ from controller.policies.shares import (
 )
 
 log = logging.getLogger(__name__)
+
+FINISH_FACTOR = 2.0
+"""How many times the busy fraction of a job no other job is clearly ahead of, in remaining time
+per GPU, outweighs that of one behind (see the module docstring). One step, not one per rank."""
 
 
 class AdaptivePolicy:
@@ -74,8 +88,17 @@ class AdaptivePolicy:
 
     def weights(self, jobs: Sequence[JobView], models: Mapping[str, JobModel]) -> dict[str, float]:
         """Objective weight of each modelled job's busy fraction: its GPUs (a job without a
-        GPU counts as one device)."""
-        return {job.job_id: float(max(1, job.gpus)) for job in jobs if job.job_id in models}
+        GPU counts as one device), divided by ``FINISH_FACTOR`` when another job is clearly
+        ahead of it in remaining time per GPU, R/g (:mod:`controller.policies.ranks`; a job
+        whose remaining work is unknown counts the longest known R). With no remaining work
+        known: its GPUs."""
+        gpus = {job.job_id: float(max(1, job.gpus)) for job in jobs if job.job_id in models}
+        remaining = remaining_times(jobs, models)
+        if not remaining:
+            return gpus
+        longest = max(remaining.values())
+        behind = ranks_behind({job_id: remaining.get(job_id, longest) / g for job_id, g in gpus.items()})
+        return {job_id: g / FINISH_FACTOR if behind[job_id] else g for job_id, g in gpus.items()}
 
     def allocate(self, node: NodeResources, jobs: Sequence[JobView]) -> Allocation:
         if not jobs:

@@ -2,8 +2,8 @@
 
 Each job's busy fraction is weighted by its rank in remaining time instead of by its GPUs:
 R_j = remaining samples / M_j, the time it still needs at full speed, and a job's rank is
-the number of jobs clearly shorter than it (``CLEARLY_SHORTER``: R at most 1/1.5 of its
-own); each rank weighs ``RANK_FACTOR`` times less than the one before. The program then
+the number of jobs clearly shorter than it (R at most 1/1.5 of its own,
+:mod:`controller.policies.ranks`); each rank weighs ``RANK_FACTOR`` times less than the one before. The program then
 gives cores to the job closest to finishing first, and the others keep their floor until
 it leaves. A job whose remaining work is unknown ranks with the longest known one; when no
 job's is known the policy is exactly ``adaptive``.
@@ -22,30 +22,21 @@ from typing import Mapping, Sequence
 
 from controller.policies.adaptive import AdaptivePolicy
 from controller.policies.base import JobView
+from controller.policies.ranks import ranks_behind, remaining_times
 from controller.policies.shares import JobModel
 
 RANK_FACTOR = 8.0
 """How many times a rank outweighs the next: a job ahead is served first (shortest-remaining-
 first), the cores it cannot use flow on down the ranks."""
-CLEARLY_SHORTER = 1.5
-"""A job is ranked behind another only when its remaining time is more than this many times
-the other's."""
 
 
 class JctPolicy(AdaptivePolicy):
     name = "jct"
 
     def weights(self, jobs: Sequence[JobView], models: Mapping[str, JobModel]) -> dict[str, float]:
-        remaining = {
-            job.job_id: job.remaining_samples / models[job.job_id].max_throughput
-            for job in jobs
-            if job.job_id in models and job.remaining_samples is not None and job.remaining_samples >= 0
-        }
+        remaining = remaining_times(jobs, models)
         if not remaining:
             return super().weights(jobs, models)
         longest = max(remaining.values())
         times = {job.job_id: remaining.get(job.job_id, longest) for job in jobs if job.job_id in models}
-        return {
-            job_id: RANK_FACTOR ** -sum(1 for other in times.values() if other * CLEARLY_SHORTER < time)
-            for job_id, time in times.items()
-        }
+        return {job_id: RANK_FACTOR ** -rank for job_id, rank in ranks_behind(times).items()}
