@@ -300,6 +300,7 @@ def _view(job: _Live, applied: dict[str, JobAllocation]) -> JobView:
         achieved=samples / span if len(job.window) >= 2 else None, batch_size=spec.batch_size,
         steady_workers=counts.pop() if len(job.window) >= 2 and len(counts) == 1 else None,
         remaining_samples=max(0.0, spec.samples - job.done),  # declared, as `adloader run --samples` does
+        length_samples=spec.samples,
         current=applied.get(job.job_id, JobAllocation()),
     )
 

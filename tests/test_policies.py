@@ -259,27 +259,37 @@ def test_jct_serves_the_job_closest_to_finishing_first() -> None:
     assert planned(allocation["long"]) == pytest.approx(NODE.min_cores_per_job, abs=0.01)
 
 
-def test_adaptive_serves_first_the_job_clearly_closest_to_finishing_per_gpu() -> None:
+def test_adaptive_serves_first_the_job_clearly_shortest_per_gpu() -> None:
     """GPU busy over a run is GPU-weighted completion time (docs/policies.md): of two jobs worth
-    the same per core, one the other is clearly closer to its end than (remaining time per GPU
-    more than 1.5x the other's) counts half as much, and is served after it; jobs within 1.5x
-    of each other still share evenly. (Before, adaptive split any two such jobs evenly.)"""
+    the same per core, one whose run per GPU is clearly longer than the other's (its length
+    over M per GPU more than 1.5x) counts half as much, and is served after it; jobs within
+    1.5x of each other still share evenly. (Before, adaptive split any two such jobs evenly.)"""
     policy = make_policy("adaptive")
-    apart = [job("long", m=400.0, p=0.01, remaining_samples=40_000.0),
-             job("short", m=400.0, p=0.01, remaining_samples=4_000.0)]
+    apart = [job("long", m=400.0, p=0.01, length_samples=40_000.0, remaining_samples=40_000.0),
+             job("short", m=400.0, p=0.01, length_samples=4_000.0, remaining_samples=4_000.0)]
     allocation = policy.allocate(NODE, apart)
     assert planned(allocation["short"]) == pytest.approx(NODE.cores - NODE.min_cores_per_job, abs=0.01)
     assert planned(allocation["long"]) == pytest.approx(NODE.min_cores_per_job, abs=0.01)
-    # per GPU the 4-GPU job is the closer to its end, though its own remaining time is longer
-    by_gpu = [job("one-gpu", gpus=1, m=400.0, p=0.01, remaining_samples=4_000.0),
-              job("four-gpus", gpus=4, m=400.0, p=0.04, remaining_samples=8_000.0)]
-    assert policy.weights(by_gpu, {j.job_id: model_of(j) for j in by_gpu}) == {"one-gpu": 0.5, "four-gpus": 4.0}
+
+    def weights(jobs: list[JobView]) -> dict[str, float]:
+        return policy.weights(jobs, {j.job_id: model_of(j) for j in jobs})
+
+    # per GPU the 4-GPU job is the shorter, though its own run is longer
+    assert weights([job("one-gpu", gpus=1, m=400.0, p=0.01, length_samples=4_000.0),
+                    job("four-gpus", gpus=4, m=400.0, p=0.04, length_samples=8_000.0)]) == {
+        "one-gpu": 0.5, "four-gpus": 4.0}
     # one step of priority, not one per rank: a chain of them lost 7% in the simulator at 128 cores
-    chain = [job(f"r{r}", m=400.0, p=0.01, remaining_samples=r) for r in (1_000.0, 2_000.0, 4_000.0)]
-    assert policy.weights(chain, {j.job_id: model_of(j) for j in chain}) == {"r1000.0": 1.0, "r2000.0": 0.5,
-                                                                              "r4000.0": 0.5}
-    near = [job("a", m=400.0, p=0.01, remaining_samples=10_000.0),
-            job("b", m=400.0, p=0.01, remaining_samples=8_000.0)]
+    assert weights([job(f"l{n}", m=400.0, p=0.01, length_samples=n) for n in (1_000, 2_000, 4_000)]) == {
+        "l1000": 1.0, "l2000": 0.5, "l4000": 0.5}
+    # ranked by length, not by what is left: two equal jobs, one well into its run, stay equals
+    # (ranked by remaining time, random mix 14 re-planned 5.6 s after its last arrival)
+    assert weights([job("early", m=400.0, p=0.01, length_samples=10_000.0, remaining_samples=2_000.0),
+                    job("late", m=400.0, p=0.01, length_samples=10_000.0, remaining_samples=9_000.0)]) == {
+        "early": 1.0, "late": 1.0}
+    # a job resumed with only its remaining samples known is ranked by those
+    assert weights([job("resumed", m=400.0, p=0.01, remaining_samples=1_000.0),
+                    job("fresh", m=400.0, p=0.01, length_samples=10_000.0)]) == {"resumed": 1.0, "fresh": 0.5}
+    near = [job("a", m=400.0, p=0.01, length_samples=10_000.0), job("b", m=400.0, p=0.01, length_samples=8_000.0)]
     assert len({a.cpu_weight for a in policy.allocate(NODE, near).values()}) == 1
 
 

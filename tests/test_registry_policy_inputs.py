@@ -31,17 +31,19 @@ def test_the_launcher_takes_the_length_on_its_command_line() -> None:
     assert args.samples == 5000
 
 
-def test_remaining_samples_count_down_over_all_ranks() -> None:
+def test_remaining_samples_count_down_over_all_ranks_and_the_length_stays() -> None:
     registry = Registry(window_s=5.0, clock=lambda: 100.0, wall_clock=lambda: 1.7e9)
     registry.register("j1", name="bert", uid=0, gpus=2, launcher_pid=1, cgroup="/cg/j1", total_samples=10_000)
     assert registry.views({})[0].remaining_samples == 10_000
     registry.record_report("j1", _report(0, 3_000))
     registry.record_report("j1", _report(1, 2_500))
     assert registry.views({})[0].remaining_samples == 4_500
+    assert registry.views({})[0].length_samples == 10_000  # what adaptive ranks by: it does not drift
     registry.record_report("j1", _report(0, 9_000))
     assert registry.views({})[0].remaining_samples == 0  # never negative
     registry.register("j2", name="other", uid=0, gpus=1, launcher_pid=2, cgroup="/cg/j2")
-    assert next(v for v in registry.views({}) if v.job_id == "j2").remaining_samples is None
+    other = next(v for v in registry.views({}) if v.job_id == "j2")
+    assert other.remaining_samples is None and other.length_samples is None
 
 
 def test_m_is_measured_over_each_ranks_whole_run_once_it_has_run_a_few_steps() -> None:

@@ -8,14 +8,15 @@ keeps an even share of the node (C/n cores, B/n bandwidth) until its first repor
 arrive. Cores and bandwidth the program leaves over go to the jobs as headroom, so
 nothing is held back idle. Workers follow cores.
 
-The weight w_j is the job's GPUs g_j, halved when another job is clearly closer to its end
-per GPU (remaining time at full speed per GPU, R/g, more than 1.5x the other's; known when
-the jobs declare their length). A run's GPU busy is a GPU-weighted sum of completion times
+The weight w_j is the job's GPUs g_j, halved when another job is clearly shorter per GPU
+(its run's length at full speed per GPU, L/g, more than 1.5x the other's; known when the jobs
+declare their length). A run's GPU busy is a GPU-weighted sum of completion times
 (docs/policies.md): a job that finishes sooner stops holding its GPUs, so, as Smith's rule
-orders such sums, the job with the least left per GPU is served first. One step only: a
-chain of halvings, one per job ahead, lost 7% to the oracle on simulated 128-core nodes with
-16 jobs, where one step lost nothing and lifted seeded random mix 11 from 0.98x to 1.00x
-static in the simulator.
+orders such sums, the shortest job per GPU is served first (measured on seeded random mix
+11: 0.977x static before, 1.036x after). One step only: a chain of halvings, one per job
+ahead, lost 7% to the oracle on simulated 128-core nodes with 16 jobs, where one step lost
+nothing. By length, not by remaining time: remaining times drift as jobs run, and each rank
+they crossed was a re-plan between arrivals and departures (controller/policies/ranks.py).
 
 Stability: jobs worth the same per core up to measurement noise are planned as equals
 (:mod:`controller.policies.worth`), so they share evenly instead of trading the node
@@ -44,7 +45,7 @@ from typing import Mapping, Sequence
 
 from controller.policies import lp
 from controller.policies.base import Allocation, JobAllocation, JobView, NodeResources
-from controller.policies.ranks import ranks_behind, remaining_times
+from controller.policies.ranks import ranks_behind, run_lengths
 from controller.policies.worth import MATURE_CURVE_WINDOWS, pool_equal_worth
 from controller.policies.shares import (
     SATISFIED,
@@ -61,8 +62,8 @@ from controller.policies.shares import (
 log = logging.getLogger(__name__)
 
 FINISH_FACTOR = 2.0
-"""How many times the busy fraction of a job no other job is clearly ahead of, in remaining time
-per GPU, outweighs that of one behind (see the module docstring). One step, not one per rank."""
+"""How many times the busy fraction of a job no other job is clearly shorter than, per GPU,
+outweighs that of one behind (see the module docstring). One step, not one per rank."""
 
 
 class AdaptivePolicy:
@@ -89,15 +90,14 @@ class AdaptivePolicy:
     def weights(self, jobs: Sequence[JobView], models: Mapping[str, JobModel]) -> dict[str, float]:
         """Objective weight of each modelled job's busy fraction: its GPUs (a job without a
         GPU counts as one device), divided by ``FINISH_FACTOR`` when another job is clearly
-        ahead of it in remaining time per GPU, R/g (:mod:`controller.policies.ranks`; a job
-        whose remaining work is unknown counts the longest known R). With no remaining work
-        known: its GPUs."""
+        ahead of it in run length per GPU, L/g (:mod:`controller.policies.ranks`; a job whose
+        length is unknown counts the longest known L). With no length known: its GPUs."""
         gpus = {job.job_id: float(max(1, job.gpus)) for job in jobs if job.job_id in models}
-        remaining = remaining_times(jobs, models)
-        if not remaining:
+        lengths = run_lengths(jobs, models)
+        if not lengths:
             return gpus
-        longest = max(remaining.values())
-        behind = ranks_behind({job_id: remaining.get(job_id, longest) / g for job_id, g in gpus.items()})
+        longest = max(lengths.values())
+        behind = ranks_behind({job_id: lengths.get(job_id, longest) / g for job_id, g in gpus.items()})
         return {job_id: g / FINISH_FACTOR if behind[job_id] else g for job_id, g in gpus.items()}
 
     def allocate(self, node: NodeResources, jobs: Sequence[JobView]) -> Allocation:

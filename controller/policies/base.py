@@ -91,6 +91,8 @@ class JobView:
     this count); None: the count changed inside it, or is not known."""
     remaining_samples: float | None = None
     """Predicted samples left (from history or the job's own sample count); None: unknown."""
+    length_samples: float | None = None
+    """Samples the whole run trains on (the job's declared count, else its history's); None: unknown."""
     current: JobAllocation = field(default_factory=JobAllocation)
     allocation_age_s: float | None = None
     """Seconds ``current`` has been in force; None: not tracked (no limit on how often it changes)."""

@@ -1,15 +1,15 @@
 """Ranks in finishing order, shared by ``adaptive`` and ``jct``.
 
-Both weigh a job's busy fraction less for every job clearly ahead of it in finishing order:
-``jct`` by its remaining time R (shortest-remaining-first, as A-SRPT), ``adaptive`` by its
-remaining time per GPU, R/g (Smith's rule for GPU-weighted completion times). A job is
+Both weigh a job's busy fraction less for a job clearly ahead of it in finishing order:
+``jct`` by its remaining time R (shortest-remaining-first, as A-SRPT), ``adaptive`` by the
+length of its run per GPU, L/g (Smith's rule for GPU-weighted completion times). A job is
 behind another only when its figure is more than ``CLEARLY_AHEAD`` times the other's, so
 jobs within that factor of each other (two identical jobs, or noise in M) share a rank, and
 ranks change only when one job pulls clearly ahead, not every period.
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from controller.policies.base import JobView
 from controller.policies.shares import JobModel
@@ -23,11 +23,29 @@ def remaining_times(jobs: Sequence[JobView], models: Mapping[str, JobModel]) -> 
     """R = remaining samples / M, the seconds each modelled job still needs at full speed,
     for the jobs whose remaining samples are known (declared with ``adloader run --samples``
     or carried over by the node's history)."""
-    return {
-        job.job_id: job.remaining_samples / models[job.job_id].max_throughput
-        for job in jobs
-        if job.job_id in models and job.remaining_samples is not None and job.remaining_samples >= 0
-    }
+    return _at_full_speed(jobs, models, lambda job: job.remaining_samples)
+
+
+def run_lengths(jobs: Sequence[JobView], models: Mapping[str, JobModel]) -> dict[str, float]:
+    """L = the job's whole length in samples / M, the seconds its whole run needs at full speed
+    (its remaining samples where its length is unknown: a job resumed from the state file).
+    Unlike R it does not shrink as the job runs, so ranks by it move only when jobs arrive or
+    leave: ranked by R, the 2-GPU job of seeded random mix 14 pulled clearly ahead of the others
+    7 s after they arrived, and the re-plan that followed came 5.6 s after the last first report,
+    past the 5 s settle goal."""
+    return _at_full_speed(
+        jobs, models, lambda job: job.length_samples if job.length_samples is not None else job.remaining_samples)
+
+
+def _at_full_speed(jobs: Sequence[JobView], models: Mapping[str, JobModel],
+                   samples: Callable[[JobView], float | None]) -> dict[str, float]:
+    """``samples(job)`` / M for each modelled job whose samples are known."""
+    times = {}
+    for job in jobs:
+        count = samples(job)
+        if job.job_id in models and count is not None and count >= 0:
+            times[job.job_id] = count / models[job.job_id].max_throughput
+    return times
 
 
 def ranks_behind(figures: Mapping[str, float], clearly: float = CLEARLY_AHEAD) -> dict[str, int]:
