@@ -3,9 +3,9 @@
 Each job's busy fraction is weighted by its rank in remaining time instead of by its GPUs:
 R_j = remaining samples / M_j, the time it still needs at full speed, and a job's rank is
 the number of jobs clearly shorter than it (R at most 1/1.5 of its own,
-:mod:`controller.policies.ranks`); each rank weighs ``RANK_FACTOR`` times less than the one before. The program then
-gives cores to the job closest to finishing first, and the others keep their floor until
-it leaves. A job whose remaining work is unknown ranks with the longest known one; when no
+:mod:`controller.policies.ranks`); each rank weighs ``RANK_FACTOR`` times less than the one
+before. The program then gives cores to the job closest to finishing first, and the others
+keep their floor until it leaves. A job whose remaining work is unknown ranks with the longest known one; when no
 job's is known the policy is exactly ``adaptive``.
 
 Why ranks, not 1/R: with weights 1/R the job about to finish outweighed the others more and

@@ -15,7 +15,7 @@ from controller.policies.base import JobView
 from controller.policies.shares import JobModel
 
 CLEARLY_AHEAD = 1.5
-"""A job ranks behind another only when its figure (R, or R/g) is more than this many times
+"""A job ranks behind another only when its figure (R, or L/g) is more than this many times
 the other's."""
 
 
