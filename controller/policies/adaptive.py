@@ -45,7 +45,7 @@ from typing import Mapping, Sequence
 
 from controller.policies import lp
 from controller.policies.base import Allocation, JobAllocation, JobView, NodeResources
-from controller.policies.ranks import ranks_behind, run_lengths
+from controller.policies.ranks import ranks_behind, run_lengths, unknown_as_longest
 from controller.policies.worth import MATURE_CURVE_WINDOWS, pool_equal_worth
 from controller.policies.shares import (
     SATISFIED,
@@ -96,8 +96,8 @@ class AdaptivePolicy:
         lengths = run_lengths(jobs, models)
         if not lengths:
             return gpus
-        longest = max(lengths.values())
-        behind = ranks_behind({job_id: lengths.get(job_id, longest) / g for job_id, g in gpus.items()})
+        per_gpu = {job_id: length / gpus[job_id] for job_id, length in unknown_as_longest(lengths, gpus).items()}
+        behind = ranks_behind(per_gpu)
         return {job_id: g / FINISH_FACTOR if behind[job_id] else g for job_id, g in gpus.items()}
 
     def allocate(self, node: NodeResources, jobs: Sequence[JobView]) -> Allocation:

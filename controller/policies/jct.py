@@ -5,8 +5,8 @@ R_j = remaining samples / M_j, the time it still needs at full speed, and a job'
 the number of jobs clearly shorter than it (R at most 1/1.5 of its own,
 :mod:`controller.policies.ranks`); each rank weighs ``RANK_FACTOR`` times less than the one
 before. The program then gives cores to the job closest to finishing first, and the others
-keep their floor until it leaves. A job whose remaining work is unknown ranks with the longest known one; when no
-job's is known the policy is exactly ``adaptive``.
+keep their floor until it leaves. A job whose remaining work is unknown ranks with the
+longest known one; when no job's is known the policy is exactly ``adaptive``.
 
 Why ranks, not 1/R: with weights 1/R the job about to finish outweighed the others more and
 more as its R shrank, until the predicted gain of giving it everything passed the urgent
@@ -22,7 +22,7 @@ from typing import Mapping, Sequence
 
 from controller.policies.adaptive import AdaptivePolicy
 from controller.policies.base import JobView
-from controller.policies.ranks import ranks_behind, remaining_times
+from controller.policies.ranks import ranks_behind, remaining_times, unknown_as_longest
 from controller.policies.shares import JobModel
 
 RANK_FACTOR = 8.0
@@ -37,6 +37,5 @@ class JctPolicy(AdaptivePolicy):
         remaining = remaining_times(jobs, models)
         if not remaining:
             return super().weights(jobs, models)
-        longest = max(remaining.values())
-        times = {job.job_id: remaining.get(job.job_id, longest) for job in jobs if job.job_id in models}
+        times = unknown_as_longest(remaining, models)
         return {job_id: RANK_FACTOR ** -rank for job_id, rank in ranks_behind(times).items()}

@@ -9,7 +9,7 @@ ranks change only when one job pulls clearly ahead, not every period.
 """
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from controller.policies.base import JobView
 from controller.policies.shares import JobModel
@@ -46,6 +46,13 @@ def _at_full_speed(jobs: Sequence[JobView], models: Mapping[str, JobModel],
         if job.job_id in models and count is not None and count >= 0:
             times[job.job_id] = count / models[job.job_id].max_throughput
     return times
+
+
+def unknown_as_longest(known: Mapping[str, float], job_ids: Iterable[str]) -> dict[str, float]:
+    """Each of ``job_ids`` with its figure in ``known`` (non-empty), or the longest known where
+    it has none: a job whose work is unknown ranks with the longest."""
+    longest = max(known.values())
+    return {job_id: known.get(job_id, longest) for job_id in job_ids}
 
 
 def ranks_behind(figures: Mapping[str, float], clearly: float = CLEARLY_AHEAD) -> dict[str, int]:
