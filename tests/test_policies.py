@@ -293,6 +293,20 @@ def test_adaptive_serves_first_the_job_clearly_shortest_per_gpu() -> None:
     assert len({a.cpu_weight for a in policy.allocate(NODE, near).values()}) == 1
 
 
+def test_the_finishing_order_holds_while_curves_are_too_young_to_tell_jobs_apart() -> None:
+    """Two jobs whose young curves (ten batches each) are within counting noise are pooled as
+    equals, but the finishing order is exact, not measured: the clearly shorter one is served
+    first from the first plan. (Before, its doubled weight was pooled away with the noise until
+    the curves had counted enough batches, and the plan changed then: jct_lengths' four jobs
+    settled 5.2 and 7.3 s after they started, 0 s before the finishing order.)"""
+    jobs = [job(job_id, m=400.0, p=p, length_samples=length, curve_windows=4, curve_batches=10.0,
+                current=JobAllocation())
+            for job_id, p, length in (("short", 0.012, 4_000.0), ("long", 0.01, 40_000.0))]
+    allocation = make_policy("adaptive").allocate(NODE, jobs)
+    assert planned(allocation["short"]) == pytest.approx(NODE.cores - NODE.min_cores_per_job, abs=0.01)
+    assert planned(allocation["long"]) == pytest.approx(NODE.min_cores_per_job, abs=0.01)
+
+
 def test_jct_holds_its_plan_as_the_shortest_job_nears_its_end_and_shares_between_near_ties() -> None:
     """jct weighs jobs by their rank in remaining time, not by 1/R: as the job being served
     first nears its end nothing changes (with 1/R it outweighed the rest more every second,

@@ -20,7 +20,8 @@ they crossed was a re-plan between arrivals and departures (controller/policies/
 
 Stability: jobs worth the same per core up to measurement noise are planned as equals
 (:mod:`controller.policies.worth`), so they share evenly instead of trading the node
-back and forth. The current allocation (``JobView.current``) is kept unless a job
+back and forth; the finishing order is exact, so it still orders jobs whose curves are
+pooled. The current allocation (``JobView.current``) is kept unless a job
 arrived (or the previous policy set other kinds of limits), or the new one is predicted
 to raise the objective by more than ``gain_threshold`` (10% by default: on a busy
 two-core machine the models of two identical jobs differ by up to ±20%). At the step a
@@ -88,26 +89,35 @@ class AdaptivePolicy:
         self.reader_workers_per_core = reader_workers_per_core
 
     def weights(self, jobs: Sequence[JobView], models: Mapping[str, JobModel]) -> dict[str, float]:
-        """Objective weight of each modelled job's busy fraction: its GPUs (a job without a
-        GPU counts as one device), divided by ``FINISH_FACTOR`` when another job is clearly
-        ahead of it in run length per GPU, L/g (:mod:`controller.policies.ranks`; a job whose
-        length is unknown counts the longest known L). With no length known: its GPUs."""
+        """Objective weight of each modelled job's busy fraction: its worth weight times its
+        finishing-order factor (:meth:`weighing`)."""
+        return _times(*self.weighing(jobs, models))
+
+    def weighing(self, jobs: Sequence[JobView], models: Mapping[str, JobModel]
+                 ) -> tuple[dict[str, float], dict[str, float]]:
+        """For each modelled job, (worth weight, finishing-order factor). The worth weight is its
+        GPUs (a job without a GPU counts as one device); the factor is 1, or 1/``FINISH_FACTOR``
+        when another job is clearly ahead of it in run length per GPU, L/g
+        (:mod:`controller.policies.ranks`; a job whose length is unknown counts the longest
+        known L). The two are kept apart because only the measured curves are noisy: jobs are
+        pooled by their worth up to that noise, and the exact factor then orders them."""
         gpus = {job.job_id: float(max(1, job.gpus)) for job in jobs if job.job_id in models}
         lengths = run_lengths(jobs, models)
         if not lengths:
-            return gpus
+            return gpus, dict.fromkeys(gpus, 1.0)
         per_gpu = {job_id: length / gpus[job_id] for job_id, length in unknown_as_longest(lengths, gpus).items()}
         behind = ranks_behind(per_gpu)
-        return {job_id: g / FINISH_FACTOR if behind[job_id] else g for job_id, g in gpus.items()}
+        return gpus, {job_id: 1.0 / FINISH_FACTOR if behind[job_id] else 1.0 for job_id in gpus}
 
     def allocate(self, node: NodeResources, jobs: Sequence[JobView]) -> Allocation:
         if not jobs:
             return {}
         jobs = sorted(jobs, key=lambda j: j.job_id)
         measured = {job.job_id: model for job in jobs if (model := measured_model(job)) is not None}
-        weights = self.weights(jobs, measured)
+        worth, order = self.weighing(jobs, measured)
+        weights = _times(worth, order)
         evidence = {job.job_id: job.curve_batches for job in jobs if job.curve_batches is not None}
-        models = pool_equal_worth(measured, weights, evidence=evidence)
+        models = pool_equal_worth(measured, worth, order, evidence, widest=FINISH_FACTOR)
         target = self._target(node, jobs, models, weights)
         if self._keep_current(node, jobs, models, weights, target):
             return {job.job_id: job.current for job in jobs}
@@ -204,6 +214,11 @@ class AdaptivePolicy:
             for job in jobs
             if _limits(job.current) != _limits(target[job.job_id])
         )
+
+
+def _times(worth: Mapping[str, float], order: Mapping[str, float]) -> dict[str, float]:
+    """Each job's weight: its worth weight times its finishing-order factor."""
+    return {job_id: weight * order[job_id] for job_id, weight in worth.items()}
 
 
 def _plan_anew(jobs: Sequence[JobView]) -> bool:

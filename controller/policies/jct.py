@@ -33,9 +33,13 @@ first), the cores it cannot use flow on down the ranks."""
 class JctPolicy(AdaptivePolicy):
     name = "jct"
 
-    def weights(self, jobs: Sequence[JobView], models: Mapping[str, JobModel]) -> dict[str, float]:
+    def weighing(self, jobs: Sequence[JobView], models: Mapping[str, JobModel]
+                 ) -> tuple[dict[str, float], dict[str, float]]:
+        """Worth weight 1 for every job, finishing-order factor ``RANK_FACTOR`` to the minus its
+        rank in remaining time; ``adaptive``'s when no job's remaining work is known."""
         remaining = remaining_times(jobs, models)
         if not remaining:
-            return super().weights(jobs, models)
+            return super().weighing(jobs, models)
         times = unknown_as_longest(remaining, models)
-        return {job_id: RANK_FACTOR ** -rank for job_id, rank in ranks_behind(times).items()}
+        order = {job_id: RANK_FACTOR ** -rank for job_id, rank in ranks_behind(times).items()}
+        return dict.fromkeys(times, 1.0), order
