@@ -305,6 +305,14 @@ def test_the_finishing_order_holds_while_curves_are_too_young_to_tell_jobs_apart
     allocation = make_policy("adaptive").allocate(NODE, jobs)
     assert planned(allocation["short"]) == pytest.approx(NODE.cores - NODE.min_cores_per_job, abs=0.01)
     assert planned(allocation["long"]) == pytest.approx(NODE.min_cores_per_job, abs=0.01)
+    # only jobs of one shape (the same GPUs) are taken for copies of each other: a 2-GPU job
+    # behind in order and a 1-GPU job ahead, worth the same per core, still share evenly
+    jobs = [job("two-gpus", gpus=2, m=400.0, p=0.01, length_samples=40_000.0, curve_windows=4,
+                curve_batches=10.0, current=JobAllocation()),
+            job("one-gpu", m=400.0, p=0.01, length_samples=4_000.0, curve_windows=4, curve_batches=10.0,
+                current=JobAllocation())]
+    allocation = make_policy("adaptive").allocate(NODE, jobs)
+    assert allocation["two-gpus"].cpu_weight == allocation["one-gpu"].cpu_weight
 
 
 def test_jct_holds_its_plan_as_the_shortest_job_nears_its_end_and_shares_between_near_ties() -> None:
