@@ -117,7 +117,7 @@ class AdaptivePolicy:
         worth, order = self.weighing(jobs, measured)
         weights = _times(worth, order)
         evidence = {job.job_id: job.curve_batches for job in jobs if job.curve_batches is not None}
-        models = pool_equal_worth(measured, worth, order, evidence, widest=FINISH_FACTOR)
+        models = pool_equal_worth(measured, worth, weights, evidence, widest=FINISH_FACTOR)
         target = self._target(node, jobs, models, weights)
         if self._keep_current(node, jobs, models, weights, target):
             return {job.job_id: job.current for job in jobs}

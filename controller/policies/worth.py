@@ -19,10 +19,10 @@ A policy's weight has two parts: a worth weight (GPUs), and a finishing-order fa
 exact, not measured (``adaptive`` halves the weight of a job clearly longer per GPU than
 another). Only the curves are noisy, so they are pooled first on their own: jobs of one shape
 (the same GPUs, curves the same up to counting noise) get one curve, and the order then sets
-them apart from the first plan. Pooled on the whole weight, the noise of young curves hid the order's 2x: four
-same-shape jobs of lengths 1:2:4:8 (bench/mixes/jct_lengths.json) were planned as equals,
-then re-planned once their curves had counted enough batches to tell the shortest apart,
-5.2 and 7.3 s after they started (12 s in the simulator).
+them apart from the first plan. Pooled on the whole weight, the noise of young curves hid
+the order's 2x: four same-shape jobs of lengths 1:2:4:8 (bench/mixes/jct_lengths.json) were
+planned as equals, then re-planned once their curves had counted enough batches to tell the
+shortest apart, 5.2 and 7.3 s after they started (up to 12 s in the simulator).
 """
 from __future__ import annotations
 
@@ -67,24 +67,24 @@ def worth_per_core(model: JobModel, weight: float) -> float:
 
 
 def pool_equal_worth(
-    models: Mapping[str, JobModel], worth: Mapping[str, float], order: Mapping[str, float],
+    models: Mapping[str, JobModel], worth: Mapping[str, float], weights: Mapping[str, float],
     evidence: Mapping[str, float], widest: float,
 ) -> dict[str, JobModel]:
-    """``models`` pooled for planning with weights worth × order: first the curves of jobs of
+    """``models`` pooled for planning with ``weights``, each a job's ``worth`` weight times its
+    finishing-order factor (the order): first the curves of jobs of
     one shape are made the same, jobs of equal worth weight whose worth per core is the same
     up to counting noise alone (at most ``widest`` apart: no tolerance, so mature curves are
     left as measured); then the jobs of about equal worth per core under the whole weight
     (:func:`equal_worth_groups`) are planned with their group's worth. ``widest`` is at most
-    the smallest step of ``order``: of two curves taken for the same, the one behind in order
+    the smallest step of the order: of two curves taken for the same, the one behind in order
     is then worth at most as much per core as the one ahead, so serving the one ahead first is
-    never a mistake the noise made. Across GPU counts the order was such a mistake: on the
-    simulated 2-core phase mixes a job starved by it never counted enough batches to be told
-    apart (4 jobs: worst mix 0.93x oracle, 0.99x without it)."""
+    never a mistake the noise made. Across GPU counts it was such a mistake: on the simulated
+    2-core phase mixes a job starved by the order never counted enough batches to be told
+    apart again (4 jobs: that mix 0.93x the oracle, 0.99x when pooled on the whole weight)."""
     alike = [group for weight in set(worth.values()) for group in equal_worth_groups(
         {job_id: model for job_id, model in models.items() if worth[job_id] == weight}, worth,
         tolerance=0.0, evidence=evidence, widest=widest)]
     curves = pooled(models, worth, alike)
-    weights = {job_id: w * order[job_id] for job_id, w in worth.items()}
     return pooled(curves, weights, equal_worth_groups(curves, weights, evidence=evidence, alike=alike))
 
 
