@@ -84,6 +84,17 @@ def test_only_cuts_the_policy_made_on_its_own_are_judged() -> None:
     assert set(run(SafetyNet(clock=clock, settle_s=5.0), clock, [100.0] * 5 + [50.0] * 10, wanted=more)[1:]) == {more}
 
 
+def test_a_cut_smaller_than_the_drop_is_not_judged() -> None:
+    """A weight cut by 1% cannot make a job 15% slower by itself; given back, it restores
+    nothing the jobs raised beside it took (random mix 19: a re-plan 11.5 s after the last
+    arrival that changed a weight 1023 -> 1030)."""
+    clock = Clock()
+    net = SafetyNet(clock=clock, settle_s=5.0, confirm_steps=3)
+    trimmed = JobAllocation(cpu_weight=1089, workers=4)
+    assert set(run(net, clock, [100.0] * 5 + [50.0] * 10, wanted=trimmed)[1:]) == {trimmed}
+    assert net.reverts == 0
+
+
 def test_a_job_that_leaves_is_forgotten() -> None:
     clock = Clock()
     net = SafetyNet(clock=clock, settle_s=5.0, confirm_steps=1)
