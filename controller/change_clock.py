@@ -1,11 +1,14 @@
 """How long each job's allocation has been in force, how long since the job set changed,
-which jobs' models became known at this step, and whether a job left at this step.
+which jobs' models became known at this step, whether a job left at this step, and what
+each job had left to do when the job set last changed.
 
 The policies are pure and have no clock or memory, so the loop hands them these facts in
 the JobViews (``allocation_age_s``, ``since_event_s``, ``newly_modelled``,
-``departure_step``): ``adaptive`` changes a settled job's limits at most once a minute
-unless the gain is urgent, settles freely for a while after an arrival or a departure, and
-plans a job the step its model becomes known and the jobs left the step one departs.
+``departure_step``, ``remaining_at_event_samples``): ``adaptive`` changes a settled job's
+limits at most once a minute unless the gain is urgent, settles freely for a while after an
+arrival or a departure, and plans a job the step its model becomes known and the jobs left
+the step one departs; ``jct`` ranks jobs by the work they had left at the last arrival or
+departure, so its ranks do not drift between them.
 
 The loop also says whether the node is still settling (:func:`settling`), so the daemon can
 step at its shorter settle period until every newcomer's plan is made.
@@ -25,8 +28,8 @@ JOB_SET_EVENTS = frozenset({"arrival", "departure", "adoption", "policy_change"}
 
 
 class ChangeClock:
-    """Remembers when each job's applied allocation last changed, when the job set did, and
-    which jobs were seen without a model."""
+    """Remembers when each job's applied allocation last changed, when the job set did, which
+    jobs were seen without a model, and each job's remaining samples at the job set's change."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -34,6 +37,7 @@ class ChangeClock:
         self._last: dict[str, JobAllocation] = {}
         self._event_at: float | None = None
         self._unmodelled: set[str] = set()
+        self._remaining_at_event: dict[str, float] = {}
 
     def annotate(self, views: Sequence[JobView], events: Iterable[str] = ()) -> list[JobView]:
         """``views`` with their ages filled in; ``events`` happened since the last step. A job
@@ -42,8 +46,10 @@ class ChangeClock:
         is, its first plan already used the model."""
         now = self._clock()
         departure_step = "departure" in events
-        if self._event_at is None or JOB_SET_EVENTS.intersection(events):
+        job_set_changed = self._event_at is None or bool(JOB_SET_EVENTS.intersection(events))
+        if job_set_changed:
             self._event_at = now
+        self._remember_remaining(views, job_set_changed)
         modelled = {view.job_id for view in views if measured_model(view) is not None}
         annotated = [
             dataclasses.replace(
@@ -52,11 +58,22 @@ class ChangeClock:
                 since_event_s=now - self._event_at,
                 newly_modelled=view.job_id in modelled and view.job_id in self._unmodelled,
                 departure_step=departure_step,
+                remaining_at_event_samples=self._remaining_at_event.get(view.job_id),
             )
             for view in views
         ]
         self._unmodelled = {view.job_id for view in views if view.job_id not in modelled}
         return annotated
+
+    def _remember_remaining(self, views: Sequence[JobView], job_set_changed: bool) -> None:
+        """Each job's remaining samples as of the last job set change: taken anew for every
+        job at a change, else kept, and taken for a job whose remaining work was unknown."""
+        before = {} if job_set_changed else self._remaining_at_event
+        self._remaining_at_event = {}
+        for view in views:
+            remaining = before.get(view.job_id, view.remaining_samples)
+            if remaining is not None:
+                self._remaining_at_event[view.job_id] = remaining
 
     def applied(self, allocations: Mapping[str, JobAllocation]) -> None:
         """Record what is in force after a step; jobs missing from it are forgotten."""

@@ -341,6 +341,27 @@ def test_jct_holds_its_plan_as_the_shortest_job_nears_its_end_and_shares_between
     assert weights["short"] == weights["middle"] > weights["long"]
 
 
+def test_jct_ranks_by_the_work_left_at_the_last_arrival_or_departure_not_as_jobs_run() -> None:
+    """Two jobs within 1.5x of each other's remaining time at the last event share a rank; the
+    one served more pulls clearly ahead as they run, and ranked by what is left now it would
+    take the node from the other between events (on the shipped mix a job moved two ranks 13 s
+    after the last arrival: a re-plan, and that run settled in 9.8 s). Ranked by what was left
+    at the event, nothing moves until the next one."""
+    policy = make_policy("jct")
+
+    def plan(now: tuple[float, float], at_event: tuple[float, float] | None) -> dict[str, JobAllocation]:
+        jobs = [job(name, m=400.0, p=0.01, remaining_samples=left,
+                    remaining_at_event_samples=None if at_event is None else at_event[i])
+                for i, (name, left) in enumerate(zip(("a", "b"), now))]
+        return policy.allocate(NODE, jobs)
+
+    shared = plan((20_000.0, 26_000.0), (20_000.0, 26_000.0))
+    assert shared["a"] == shared["b"]
+    assert plan((4_000.0, 24_000.0), (20_000.0, 26_000.0)) == shared
+    drifted = plan((4_000.0, 24_000.0), None)  # no event figures: what is left now, as before
+    assert planned(drifted["a"]) > planned(drifted["b"])
+
+
 def test_jct_without_any_remaining_work_known_is_adaptive() -> None:
     jobs = [job("a", gpus=4, m=400.0, p=0.01), job("b", m=400.0, p=0.01)]
     assert make_policy("jct").allocate(NODE, jobs) == make_policy("adaptive").allocate(NODE, jobs)

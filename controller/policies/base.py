@@ -93,6 +93,11 @@ class JobView:
     """Predicted samples left (from history or the job's own sample count); None: unknown."""
     length_samples: float | None = None
     """Samples the whole run trains on (the job's declared count, else its history's); None: unknown."""
+    remaining_at_event_samples: float | None = None
+    """``remaining_samples`` when the node's job set last changed (or when the job's remaining
+    work first became known after that), so a policy can rank jobs by what was left then: a
+    figure that moves only at arrivals and departures (controller/change_clock.py). None: not
+    tracked."""
     current: JobAllocation = field(default_factory=JobAllocation)
     allocation_age_s: float | None = None
     """Seconds ``current`` has been in force; None: not tracked (no limit on how often it changes)."""

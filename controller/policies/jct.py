@@ -1,8 +1,9 @@
 """``jct``: adaptive, but shortest-remaining-first (as A-SRPT) to cut mean job completion time.
 
 Each job's busy fraction is weighted by its rank in remaining time instead of by its GPUs:
-R_j = remaining samples / M_j, the time it still needs at full speed, and a job's rank is
-the number of jobs clearly shorter than it (R at most 1/1.5 of its own,
+R_j = remaining samples / M_j, the time it still needs at full speed (its samples as of the
+node's last arrival or departure, so ranks move at those events, not as jobs run), and a
+job's rank is the number of jobs clearly shorter than it (R at most 1/1.5 of its own,
 :mod:`controller.policies.ranks`); each rank weighs ``RANK_FACTOR`` times less than the one
 before. The program then gives cores to the job closest to finishing first, and the others
 keep their floor until it leaves. A job whose remaining work is unknown ranks with the
@@ -12,7 +13,7 @@ Why ranks, not 1/R: with weights 1/R the job about to finish outweighed the othe
 more as its R shrank, until the predicted gain of giving it everything passed the urgent
 bar: on the shipped mix ``jct`` re-planned 18.8 s after the last arrival, 0.6 s before that
 job left, for nothing (the node's settle had been 3 s). Ranks change only when one job
-becomes clearly shorter than another, so between arrivals and departures the plan holds;
+becomes clearly shorter than another at an arrival or departure, so between them the plan holds;
 jobs within 1.5x of each other's remaining time (noise in M, or two jobs crossing) share a
 rank instead of trading the node.
 """

