@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from controller.policies import JobAllocation, JobView, NodeResources, PolicyError, make_policy, policy_names
@@ -447,6 +448,35 @@ def test_the_program_is_optimal_against_a_grid_of_allocations() -> None:
     assert solution.objective >= (1 - lp.DIMINISHING) * grid_best - 1e-6
     assert solution.objective <= grid_best + 0.05  # and the grid is fine enough to come close
     assert sum(solution.cores.values()) <= 2.0 + 1e-6
+
+
+def test_the_program_solves_a_curve_of_almost_nothing_beside_a_normal_one() -> None:
+    """Every job idle at its floor always fits; with its curve rows in samples/s HiGHS's
+    presolve called this pair infeasible (found by tests/test_policies_properties.py), and
+    the controller's step failed with it."""
+    starved = lp.JobDemand("starved", 1.0, 2395.8, ((5.7e-21, 6.09e-06), (5.12e-05, 0.0)), min_cores=0.05)
+    normal = lp.JobDemand("normal", 1.0, 4793.9, ((0.0, 1167.5),), min_cores=0.05)
+    solution = lp.solve([starved, normal], cores=8.43, read_bps=None)
+    assert solution.busy["starved"] == pytest.approx(0.0, abs=1e-6)
+    assert solution.busy["normal"] == pytest.approx(1.0)
+    assert solution.cores["normal"] == pytest.approx(4793.9 / 1167.5, rel=1e-3)
+
+
+def test_the_program_solves_weights_spanning_many_ranks() -> None:
+    """``jct`` weighs rank r by 8^-r: 28 jobs span 8^15. Two of these 500 seeded programs (390
+    and 459) failed in HiGHS before weights were held within lp.WEIGHT_RANGE of the largest."""
+    for seed in range(500):
+        rng = np.random.default_rng(seed)
+        demands = []
+        for j in range(28):
+            m = float(rng.choice([rng.uniform(1.0, 5.0), rng.uniform(1.0, 5000.0)]))
+            slope = float(rng.choice([rng.uniform(0.5, 2.0), rng.uniform(1.0, 50000.0)]))
+            lines = ((0.0, slope),) if rng.random() < 0.5 else ((0.0, slope), (float(rng.uniform(1.0, 5000.0)), 0.0))
+            demands.append(lp.JobDemand(f"j{j}", weight=8.0 ** -int(rng.integers(0, 16)), max_throughput=m,
+                                        lines=lines, min_cores=0.1))
+        solution = lp.solve(demands, cores=6.72, read_bps=None)
+        assert sum(solution.cores.values()) <= 6.72 + 1e-6, seed
+        assert all(0.0 <= busy <= 1.0 for busy in solution.busy.values()), seed
 
 
 def test_the_program_refuses_floors_that_do_not_fit() -> None:
