@@ -196,6 +196,12 @@ def test_a_readers_workers_are_the_reads_in_flight_it_needs_at_the_rate_its_work
     assert workers(NODE, steady=2, achieved=10.0) == 8
     # a window that mixed two counts says nothing: it keeps the workers it holds
     assert workers(NODE, steady=None, achieved=150.0, current=2) == 2
+    # reads that keep up, a little short of the need (counting, epoch starts): no worker more
+    # (by the law alone 3 workers at 96% of the need became 4: seeded random mix 6)
+    assert workers(NodeResources(cpus=(0, 1)), steady=3, achieved=960.0) == 3
+    assert workers(NodeResources(cpus=(0, 1)), steady=3, achieved=850.0) == 4
+    # four workers reading twice the need: half as many reads in flight do
+    assert workers(NodeResources(cpus=(0, 1)), steady=4, achieved=2000.0) == 2
 
 
 def test_a_job_bound_by_its_cores_that_reads_a_little_gets_workers_for_its_cores_not_its_reads() -> None:
