@@ -46,8 +46,8 @@ SATISFIED_WEIGHT = 1000
 SATISFIED = 0.999
 """A job whose planned busy fraction reaches this is satisfied."""
 READS_KEEP_UP = 0.9
-"""A reader reading at least this share of what it needs keeps its workers
-(:func:`reader_workers`): its reads keep up, and what it lacks is not reads in flight."""
+"""A reader reading at least this share of what it needs gets no more workers than it reads
+with (:func:`reader_workers`): its reads keep up, and what it lacks is not reads in flight."""
 
 IO_FLOOR_FRACTION = 0.01
 """Each job keeps at least this fraction of the bandwidth, so a job that starts reading
