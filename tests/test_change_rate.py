@@ -160,14 +160,14 @@ def test_change_clock_keeps_each_jobs_remaining_work_as_of_the_last_job_set_chan
     9.8 s); as of the last arrival or departure it moves only at them."""
     clock = ChangeClock(clock=lambda: 0.0)
 
-    def step(remaining: dict[str, float | None], events: set[str] = set()) -> dict[str, float | None]:
+    def step(remaining: dict[str, float | None], events: frozenset[str] = frozenset()) -> dict[str, float | None]:
         views = [JobView(job_id=j, name=j, remaining_samples=r) for j, r in remaining.items()]
         return {v.job_id: v.remaining_at_event_samples for v in clock.annotate(views, events)}
 
-    assert step({"a": 9_000.0, "b": None}, {"arrival"}) == {"a": 9_000.0, "b": None}
+    assert step({"a": 9_000.0, "b": None}, frozenset({"arrival"})) == {"a": 9_000.0, "b": None}
     # a runs on; b's declared work becomes known later, and counts from then
     assert step({"a": 8_000.0, "b": 5_000.0}) == {"a": 9_000.0, "b": 5_000.0}
     assert step({"a": 7_000.0, "b": 4_000.0}) == {"a": 9_000.0, "b": 5_000.0}
     # c arrives: everyone's work is taken anew
-    assert step({"a": 6_000.0, "b": 3_000.0, "c": 20_000.0}, {"arrival"}) == {"a": 6_000.0, "b": 3_000.0, "c": 20_000.0}
-    assert step({"a": 5_000.0, "c": 19_000.0}, {"departure"}) == {"a": 5_000.0, "c": 19_000.0}
+    assert step({"a": 6_000.0, "b": 3_000.0, "c": 20_000.0}, frozenset({"arrival"})) == {"a": 6_000.0, "b": 3_000.0, "c": 20_000.0}
+    assert step({"a": 5_000.0, "c": 19_000.0}, frozenset({"departure"})) == {"a": 5_000.0, "c": 19_000.0}
