@@ -169,5 +169,6 @@ def test_change_clock_keeps_each_jobs_remaining_work_as_of_the_last_job_set_chan
     assert step({"a": 8_000.0, "b": 5_000.0}) == {"a": 9_000.0, "b": 5_000.0}
     assert step({"a": 7_000.0, "b": 4_000.0}) == {"a": 9_000.0, "b": 5_000.0}
     # c arrives: everyone's work is taken anew
-    assert step({"a": 6_000.0, "b": 3_000.0, "c": 20_000.0}, frozenset({"arrival"})) == {"a": 6_000.0, "b": 3_000.0, "c": 20_000.0}
+    taken_anew = {"a": 6_000.0, "b": 3_000.0, "c": 20_000.0}
+    assert step(taken_anew, frozenset({"arrival"})) == taken_anew
     assert step({"a": 5_000.0, "c": 19_000.0}, frozenset({"departure"})) == {"a": 5_000.0, "c": 19_000.0}
