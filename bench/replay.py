@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from bench.sim_node import (
+    OVERSUBSCRIPTION_COST,
     QUOTA_TABLE,
     SimJob,
     SimNode,
@@ -66,6 +67,16 @@ the three policies within 5% of each other at every side; 512 px (readers only t
 448 px's cost per pixel. node.json's true curves, used before, were 13-36% dearer, most for
 the largest images: they are samples per core-second under a quota, which the quota's burst
 cost lowers."""
+OVERSUBSCRIPTION_COST_BY_SIDE = {96: 0.011, 160: 0.058, 224: 0.035, 320: 0.072, 448: 0.213}
+"""How much a JPEG sample's CPU cost grows per e-fold of DataLoader workers per core on the node,
+by image side (sim_node.SimJob.oversubscription_cost): fitted by ``python -m bench.replay``
+(``fit_oversubscription``) on every measured run of bench/results (2026-11-25). Small images
+lose 1-7% per e-fold, 448 px ones 21%: a 448 px worker's decoded image and its resized copies
+(~0.6 MB each) no longer fit beside another worker's in a core's 2 MiB L2, so each switch between
+workers refetches them. With one figure for all sides (OVERSUBSCRIPTION_COST, 0.085), the
+model's ``static`` on seeded random mix 9 (eight workers of a 448 px job among 28 on two cores)
+was 19% busier than measured, and its adaptive/static ratio 20% off."""
+
 RAW_READ_COST_S = 0.00045
 """CPU seconds per sample of a raw O_DIRECT reader (node.json, speech-io-1g)."""
 STARTUP_S = 3.0
@@ -148,9 +159,41 @@ def job_cpu_costs(document: Mapping[str, Any]) -> dict[str, float]:
     costs: dict[str, list[float]] = {}
     for _, repeat, spec, job in _job_runs(document):
         if _plain(spec) and job.get("samples"):
-            inflation = oversubscription_inflation(workers_per_core(repeat, specs) * NODE_CORES, NODE_CORES)
+            inflation = oversubscription_inflation(workers_per_core(repeat, specs) * NODE_CORES, NODE_CORES,
+                                                   oversubscription_cost(spec))
             costs.setdefault(spec["name"], []).append(job["loader_cpu_s"] / job["samples"] / inflation)
     return {name: statistics.median(values) for name, values in costs.items()}
+
+
+def oversubscription_cost(spec: Mapping[str, Any]) -> float:
+    """How much a sample of the job of ``spec`` costs more per e-fold of workers per core
+    (OVERSUBSCRIPTION_COST_BY_SIDE at its image side's nearest, by pixels; the simulator's
+    default for a raw reader)."""
+    if spec.get("io_bound"):
+        return OVERSUBSCRIPTION_COST
+    pixels = spec["image_px"] ** 2
+    return min(OVERSUBSCRIPTION_COST_BY_SIDE.items(), key=lambda item: abs(item[0] ** 2 - pixels))[1]
+
+
+def fit_oversubscription(documents: Sequence[Mapping[str, Any]]) -> dict[int, float]:
+    """Per image side, the relative growth of a JPEG sample's CPU cost per e-fold of workers per
+    core: a least-squares line of (loader CPU / samples / MEASURED_COST_S) against
+    ln(workers per core, at least 1) over the plain JPEG job runs of ``documents``, its slope over
+    its intercept (sides with fewer than ten runs are left out)."""
+    runs: dict[int, list[tuple[float, float]]] = {}
+    for document in documents:
+        specs = {spec["name"]: spec for spec in document["mix"]["jobs"]}
+        for _, repeat, spec, job in _job_runs(document):
+            if _plain(spec) and not spec.get("io_bound") and job.get("samples") and spec["image_px"] in MEASURED_COST_S:
+                per_core = max(1.0, workers_per_core(repeat, specs))
+                cost = job["loader_cpu_s"] / job["samples"] / MEASURED_COST_S[spec["image_px"]]
+                runs.setdefault(spec["image_px"], []).append((math.log(per_core), cost))
+    fits = {}
+    for side, points in sorted(runs.items()):
+        if len(points) >= 10:
+            slope, intercept = statistics.linear_regression(*zip(*points))
+            fits[side] = slope / intercept
+    return fits
 
 
 def jpeg_cost_s(side_px: int) -> float:
@@ -190,6 +233,7 @@ def jobs_from_measured_mix(document: Mapping[str, Any]) -> tuple[list[SimJob], S
                            samples=float(spec["samples"]), arrival_s=float(spec["arrival_s"]),
                            requested_workers=int(spec["num_workers"]), batch_size=int(spec["batch_size"]),
                            bytes_per_sample=b, concavity=0.0, startup_s=STARTUP_S,
+                           oversubscription_cost=oversubscription_cost(spec),
                            phases=((float(phase_after), float(spec.get("phase_cost", 1))),)
                            if phase_after is not None else (),
                            # Python work in the training loop, between a batch and its step: never more
@@ -343,6 +387,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     fetch, contention = fit_fetch(documents)
     print(f"fetch, all mixes: {1e3 * fetch:.4f} ms/sample + {1e3 * contention:.4f} ms/sample per worker per core "
           f"(bench/replay.py: {1e3 * FETCH_S_PER_SAMPLE:.4f} + {1e3 * FETCH_CONTENTION_S_PER_SAMPLE:.4f})")
+    fits = {side: round(cost, 3) for side, cost in fit_oversubscription(documents).items()}
+    print(f"oversubscription cost by side: {fits} (bench/replay.py: {OVERSUBSCRIPTION_COST_BY_SIDE})")
     print(f"quota response (quota / need, share): {quota_response(documents, fetch, contention)}")
     print(f"                            sim_node: {QUOTA_TABLE}")
     half = [document for document in documents if _is_calibration_half(document)]

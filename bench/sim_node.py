@@ -44,13 +44,14 @@ STARTUP_CORES = 1.0
 OVERSUBSCRIPTION_COST = 0.085
 """A sample's CPU cost grows by this much per e-fold of DataLoader workers per core on the
 node (1 + k·ln(workers/cores), from one worker per core up): caches and memory bandwidth
-shared by more decoders, more switching. Fitted on the 360 job runs of the seeded random
-mixes (bench/results/node_random.json, JPEG jobs, workers per core from each run's
-allocations): CPU per sample / the mix's cost by image side = 1.117 + 0.095·ln(workers per
-core), the slope relative to the intercept 0.085. Static runs there had 5.7 workers per core
-on average, even and adaptive 1.6 and 1.9: static's samples cost ~10% more CPU, which the
-model without it did not see (its adaptive/static ratios were 1.00 where 1.02-1.40 were
-measured)."""
+shared by more decoders, more switching. The default for a job whose own figure is not known
+(``SimJob.oversubscription_cost``; bench/replay.py fits one per image side). Fitted on the
+360 job runs of the seeded random mixes (bench/results/node_random.json, JPEG jobs, workers
+per core from each run's allocations): CPU per sample / the mix's cost by image side = 1.117 +
+0.095·ln(workers per core), the slope relative to the intercept 0.085. Static runs there had
+5.7 workers per core on average, even and adaptive 1.6 and 1.9: static's samples cost ~10%
+more CPU, which the model without it did not see (its adaptive/static ratios were 1.00 where
+1.02-1.40 were measured)."""
 WINDOW_S = 5.0
 """The registry's measurement window."""
 DEFAULT_WEIGHT = 100
@@ -82,6 +83,10 @@ class SimJob:
     ranks: int = 1
     """Training processes, each with its own loader and workers (one per GPU on a real node;
     the 2-core benchmark runs a job as one process whatever its GPUs)."""
+    oversubscription_cost: float = OVERSUBSCRIPTION_COST
+    """How much its sample's CPU cost grows per e-fold of DataLoader workers per core on the
+    node (:func:`oversubscription_inflation`): larger images suffer more (bench/replay.py's
+    OVERSUBSCRIPTION_COST_BY_SIDE)."""
     startup_s: float = 0.0
     """Seconds from arrival to its first batch asked for: the process starts (imports, dataset,
     workers) using STARTUP_CORES, delivers nothing, is not seen by the controller (its first
@@ -314,7 +319,8 @@ def _advance(node: SimNode, live: dict[str, _Live], starting: Sequence[_Live], a
     weights: dict[str, float] = {job.job_id: float(DEFAULT_WEIGHT) for job in starting}
     workers = {job_id: (a.workers if (a := applied.get(job_id, JobAllocation())).workers is not None
                         else job.spec.requested_workers) * job.spec.ranks for job_id, job in live.items()}
-    inflation = oversubscription_inflation(sum(workers.values()), node.cores)
+    inflation = {job_id: oversubscription_inflation(sum(workers.values()), node.cores, job.spec.oversubscription_cost)
+                 for job_id, job in live.items()}
     per_core = sum(workers.values()) / node.cores
     ceiling = {job_id: node.fetch_ceiling(job.spec.max_throughput, job.spec.ranks, per_core)
                for job_id, job in live.items()}
@@ -323,13 +329,14 @@ def _advance(node: SimNode, live: dict[str, _Live], starting: Sequence[_Live], a
         age = now - job.spec.arrival_s
         cap = workers[job_id] + MAIN_PROCESS_CORES * job.spec.ranks
         # what it can use: a loader bound by Python leaves its workers waiting on a full queue
-        need = min(cap, job.spec.cores_for(min(ceiling[job_id], job.spec.python_cap), age, inflation))
+        need = min(cap, job.spec.cores_for(min(ceiling[job_id], job.spec.python_cap), age, inflation[job_id]))
         if a.cores is not None and need > 0:
             need = need * quota_share(a.cores / need)
         demands[job_id] = need
         weights[job_id] = float(a.cpu_weight or DEFAULT_WEIGHT)
     cores = contended_cores(float(node.cores), weights, demands)
-    rates = {job_id: min(ceiling[job_id], job.spec.loading_rate(cores[job_id], now - job.spec.arrival_s, inflation))
+    rates = {job_id: min(ceiling[job_id],
+                         job.spec.loading_rate(cores[job_id], now - job.spec.arrival_s, inflation[job_id]))
              for job_id, job in live.items()}
     readers = {j: rates[j] * live[j].spec.bytes_per_sample for j in live if live[j].spec.bytes_per_sample > 0}
     if readers:
@@ -342,7 +349,7 @@ def _advance(node: SimNode, live: dict[str, _Live], starting: Sequence[_Live], a
     for job_id, job in live.items():
         spec = job.spec
         rate = rates[job_id]
-        used = min(cores[job_id], spec.cores_for(rate, now - spec.arrival_s, inflation)) if rate > 0 else 0.0
+        used = min(cores[job_id], spec.cores_for(rate, now - spec.arrival_s, inflation[job_id])) if rate > 0 else 0.0
         job.done += rate * period
         job.busy_s += period * rate / spec.max_throughput
         job.wall_s += period
@@ -359,10 +366,10 @@ def _advance(node: SimNode, live: dict[str, _Live], starting: Sequence[_Live], a
             job.estimator.observe(window_cpu / span, window_samples / span, batches)
 
 
-def oversubscription_inflation(workers: float, cores: float) -> float:
+def oversubscription_inflation(workers: float, cores: float, cost: float = OVERSUBSCRIPTION_COST) -> float:
     """What a sample's CPU cost is multiplied by with ``workers`` loader workers on ``cores``
-    cores (OVERSUBSCRIPTION_COST)."""
-    return 1.0 + OVERSUBSCRIPTION_COST * math.log(max(1.0, workers / cores)) if cores > 0 else 1.0
+    cores, growing by ``cost`` per e-fold of workers per core."""
+    return 1.0 + cost * math.log(max(1.0, workers / cores)) if cores > 0 else 1.0
 
 
 def quota_share(ratio: float) -> float:

@@ -7,6 +7,7 @@ the measured sides), not any figure of the report.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -120,6 +121,22 @@ def test_more_workers_per_core_make_every_sample_dearer() -> None:
     assert busy(16) == pytest.approx(0.5 / oversubscription_inflation(16, 2), rel=0.01)
 
 
+def test_a_job_whose_samples_suffer_more_from_crowding_is_slowed_more_by_the_same_workers() -> None:
+    """A loading-bound job alone on two cores with sixteen workers: one of large images, losing
+    0.2 per e-fold of workers per core, is slowed by that, one losing 0.05 by that."""
+    node = SimNode(cores=2, period_s=1.0, rate_noise=0.0, cpu_noise=0.0)
+
+    def busy(cost: float) -> float:
+        job = SimJob(name="j", gpus=1, max_throughput=1000.0, cpu_s_per_sample=0.004, samples=500.0 * 120,
+                     requested_workers=16, concavity=0.0, oversubscription_cost=cost)
+        result = simulate(node, [job], make_policy("static"), seed=1)
+        return result.jobs["j"]["busy_s"] / result.jobs["j"]["wall_s"]
+
+    assert oversubscription_inflation(16, 2, 0.2) == pytest.approx(1 + 0.2 * math.log(8))
+    assert busy(0.2) == pytest.approx(0.5 / oversubscription_inflation(16, 2, 0.2), rel=0.01)
+    assert busy(0.05) == pytest.approx(0.5 / oversubscription_inflation(16, 2, 0.05), rel=0.01)
+
+
 def test_the_real_node_mix_is_replayed_with_its_phase_and_its_python_work() -> None:
     """bench/mixes/real_node.json in the model: the phased job's cost doubles 25 s after its
     process starts (as bench/job.py does), and the job with 35 ms of Python per 40 ms step
@@ -212,13 +229,12 @@ def _repeat(allocations: dict[str, list], figures: dict[str, dict]) -> dict:
 
 
 def test_replayed_jobs_cost_what_their_runs_measured_less_each_runs_oversubscription() -> None:
-    from bench.replay import job_cpu_costs, workers_per_core
-    from bench.sim_node import oversubscription_inflation
+    from bench.replay import job_cpu_costs, oversubscription_cost, workers_per_core
 
     plain = {"name": "plain", "gpus": 1, "batch_size": 32, "compute_ms_per_batch": 100.0, "image_px": 224,
              "samples": 3200, "arrival_s": 0.0, "num_workers": 4}
     phased = {**plain, "name": "phased", "phase_after_s": 5.0, "phase_cost": 2}
-    crowded = oversubscription_inflation(8, 2)  # 4 + 4 workers on the 2 cores
+    crowded = oversubscription_inflation(8, 2, oversubscription_cost(plain))  # 4 + 4 workers on the 2 cores
     static = _repeat({"plain": [None, None, None, None, "running"], "phased": [None, None, None, None, "running"]},
                      {"plain": {"loader_cpu_s": 3200 * 0.002 * crowded, "samples": 3200},
                       "phased": {"loader_cpu_s": 9.0, "samples": 3200}})
@@ -232,6 +248,30 @@ def test_replayed_jobs_cost_what_their_runs_measured_less_each_runs_oversubscrip
     jobs, _ = jobs_from_measured_mix(document)
     costs = {job.name: job.cpu_s_per_sample for job in jobs}
     assert costs == {"plain": pytest.approx(0.002), "phased": pytest.approx(jpeg_cost_s(224))}
+
+
+def test_the_oversubscription_cost_by_side_is_the_slope_over_the_intercept_of_its_runs() -> None:
+    """Runs of a 224 px job at 1 to 8 workers per core costing 1.1·(1 + 0.2·ln(workers per
+    core)) times the side's cost, and a 96 px job's too few runs to fit: the fit gives 224 px
+    0.2 and leaves 96 px out; a replayed job is planned with its side's figure."""
+    from bench.replay import OVERSUBSCRIPTION_COST_BY_SIDE, fit_oversubscription, oversubscription_cost
+
+    def job(side: int) -> dict:
+        return {"name": f"j{side}", "gpus": 1, "batch_size": 32, "compute_ms_per_batch": 100.0, "image_px": side,
+                "samples": 1000, "arrival_s": 0.0, "num_workers": 2}
+
+    def repeat(side: int, workers: int) -> dict:
+        cost = MEASURED_COST_S[side] * 1.1 * (1 + 0.2 * math.log(workers / 2))
+        return _repeat({f"j{side}": [None, None, workers, None, "running"]},
+                       {f"j{side}": {"loader_cpu_s": 1000 * cost, "samples": 1000}})
+
+    documents = [_run({"static": [repeat(224, w) for w in range(2, 17)]}, [job(224)]),
+                 _run({"static": [repeat(96, w) for w in (2, 4, 8)]}, [job(96)])]
+    assert fit_oversubscription(documents) == {224: pytest.approx(0.2)}
+    assert oversubscription_cost(job(448)) == OVERSUBSCRIPTION_COST_BY_SIDE[448]
+    assert oversubscription_cost(job(400)) == OVERSUBSCRIPTION_COST_BY_SIDE[448]  # nearest by pixels
+    jobs, _ = jobs_from_measured_mix(_run({"static": [repeat(224, 2)]}, [job(224)]))
+    assert jobs[0].oversubscription_cost == OVERSUBSCRIPTION_COST_BY_SIDE[224]
 
 
 def test_the_quota_response_is_the_busy_reached_against_quota_over_the_cores_its_rate_needs() -> None:
