@@ -8,6 +8,11 @@ really costs, overheads included. Its loading curve is then T_load(c) = c/p, M i
 its batch over its emulated compute time, and b the bytes it reads from the
 device per sample (the raw sample size for a job bound by reads, 0 for JPEGs
 served by the page cache). Results are cached per job shape under the cache directory.
+
+A job that changes phase is probed in its first phase, or, for the curves of the mix's last
+phases (``last_phase``), in its last one: its probe starts there. The best static split of
+a phase-changing mix is the better of the splits best for each (bench/node.py), as in the
+simulator (bench/simulate.py's ``oracle``).
 """
 from __future__ import annotations
 
@@ -25,14 +30,19 @@ PROBE_SECONDS = 4.0
 PROBE_WORKERS = 2
 
 
-def true_curves(mix: Mix, datasets: dict[str, Path], cache_dir: Path, node: NodeSetup, workdir: Path) -> dict[str, dict]:
+def true_curves(mix: Mix, datasets: dict[str, Path], cache_dir: Path, node: NodeSetup, workdir: Path,
+                last_phase: bool = False) -> dict[str, dict]:
     """{job name: {"max_throughput", "loading_curve", "bytes_per_sample", "cpu_s_per_sample"}}
-    in the format controller/policies/oracle.py reads."""
+    in the format controller/policies/oracle.py reads; of each job's last phase where
+    ``last_phase`` (else its first)."""
     cache_file = cache_dir / "true-cpu-per-sample.json"
     cache = json.loads(cache_file.read_text()) if cache_file.exists() else {}
     curves = {}
     for spec in mix.jobs:
         key = f"px{spec.image_px}-b{spec.batch_size}-{'raw' if spec.io_bound else 'jpeg'}"
+        if spec.changes_phase:  # probed in one phase throughout, however soon the job changes
+            key, spec = (f"{key}-phase{spec.phase_cost}", replace(spec, phase_after_s=0.0)) if last_phase \
+                else (key, replace(spec, phase_after_s=None))
         if key not in cache:
             log.info("calibrating %s (%s) alone for about %.0fs", spec.name, key, PROBE_SECONDS)
             cache[key] = probe_cpu_per_sample(spec, datasets[spec.name], node, workdir)

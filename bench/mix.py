@@ -61,6 +61,11 @@ class JobSpec:
     cores or workers do not help: the loader is bound by Python)."""
 
     @property
+    def changes_phase(self) -> bool:
+        """The job's loading cost changes mid-run (``phase_after_s``, ``phase_cost``)."""
+        return self.phase_after_s is not None and self.phase_cost > 1
+
+    @property
     def max_throughput(self) -> float:
         """M: samples/s if data never stalled (the emulated GPU's rate)."""
         return self.batch_size / (self.compute_ms_per_batch / 1000.0)

@@ -72,3 +72,35 @@ def test_the_disk_benchmark_runs_a_real_reader_at_each_worker_count(tmp_path: Pa
         assert entry["samples_per_s"] > 0 and 0 < entry["gpu_busy"] <= 1
         assert entry["read_bps"] == pytest.approx(entry["samples_per_s"] * spec.raw_sample_bytes)
     assert "GPU-emulated" in table(document)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not CGROUP_V1, reason="adloader bench needs root and a writable cgroup v1 cpu hierarchy")
+def test_on_a_phase_changing_mix_the_oracle_is_the_better_of_the_splits_for_the_first_and_last_phases(
+        tmp_path: Path) -> None:
+    """Job ``a`` (160 px JPEGs, whose decoding outweighs a sample's fixed costs) loads each sample
+    four times from 0.5 s on: its true curve is probed in both phases, the oracle runs on each
+    phase's curves, and ``oracle`` is the better of the two."""
+    phased = {**TINY_MIX, "name": "tiny-phased", "jobs": [
+        {**TINY_MIX["jobs"][0], "image_px": 160, "phase_after_s": 0.5, "phase_cost": 4}, TINY_MIX["jobs"][1]]}
+    mix = tmp_path / "phased.json"
+    mix.write_text(json.dumps(phased))
+    out = tmp_path / "out.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ADLOADER_")}
+    env["PYTHONPATH"] = str(REPO)
+    proc = subprocess.run(
+        [sys.executable, "-m", "adloader", "bench", "--mix", str(mix), "--policies", "oracle",
+         "--repeats", "1", "--json", str(out), "--cache", str(tmp_path / "cache"), "--workdir", str(tmp_path / "runs")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    document = json.loads(out.read_text())
+    policies = document["policies"]
+    splits = ("oracle-first-phase", "oracle-last-phase")
+    assert set(splits) <= set(policies) and all(label in proc.stdout for label in splits)
+    best = max(splits, key=lambda label: policies[label]["gpu_busy"])
+    assert policies["oracle"]["split"] == best
+    assert policies["oracle"]["gpu_busy"] == policies[best]["gpu_busy"]
+    first, last = document["true_curves"], document["true_curves_last_phase"]
+    assert last["a"]["cpu_s_per_sample"] > 2 * first["a"]["cpu_s_per_sample"]  # four loads a sample
+    assert last["b"] == first["b"]  # b has one phase
