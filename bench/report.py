@@ -180,13 +180,14 @@ def table(summary: dict[str, dict[str, Any]], order: Sequence[str]) -> str:
     present = [p for p in order if p in summary]
     rel = ratios(summary)
     baselines = [b for b in BASELINES if b in summary]
-    header = (f"{'policy':<9} {'GPU busy':>8} {'samples/s':>9} {'makespan':>8} {'mean JCT':>8} "
+    width = max([9, *(len(policy) for policy in present)])
+    header = (f"{'policy':<{width}} {'GPU busy':>8} {'samples/s':>9} {'makespan':>8} {'mean JCT':>8} "
               f"{'ctl CPU':>7} {'settle':>6} {'chg/job-min':>11}" + "".join(f" {'busy/' + b:>12}" for b in baselines)
               + "".join(f" {'mkspan/' + b:>13}" for b in baselines))
     lines = [f"{LABEL} node benchmark (medians over repeats)", header, "-" * len(header)]
     for policy in present:
         e = summary[policy]
-        row = (f"{policy:<9} {e['gpu_busy']:>8.3f} {e['samples_per_s']:>9.1f} {e['makespan_s']:>7.1f}s "
+        row = (f"{policy:<{width}} {e['gpu_busy']:>8.3f} {e['samples_per_s']:>9.1f} {e['makespan_s']:>7.1f}s "
                f"{e['mean_jct_s']:>7.1f}s {e['controller_cpu_pct']:>6.2f}% {e['settle_s']:>5.1f}s "
                f"{e.get('changes_per_job_minute', 0.0):>11.2f}")
         for b in baselines:
