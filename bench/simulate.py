@@ -321,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     two_core = []
     print("\nPhase changes on the measured 2-core node (1-2 jobs 2-4x dearer mid-run; oversubscribed 1-2x):")
     print(f"{'node':>10} {'jobs':>4} {'static':>7} {'oracle':>7} {'phased':>7} {'adapt':>7} "
-          f"{'a/oracle (min-max)':>19} {'phased/o (min-max)':>19} {'give-backs':>10}")
+          f"{'a/oracle (min-max)':>19} {'phased/o (min-max)':>19} {'give-backs':>10} {'a/static (min)':>15}")
     for n in (2, 3, 4):
         row = node_row(measured_node(args.period, args.settle_period), n, args.two_core_mixes, two_core_phase_mix,
                        CROSSING_POLICIES, gpus=None)
@@ -332,7 +332,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{'2c':>10} {n:>4} {summary['static']:>7.3f} {summary['oracle']:>7.3f} {summary['oracle_phased']:>7.3f} "
               f"{summary['adaptive']:>7.3f} {med['adaptive_vs_oracle']:>6.3f}x ({low['adaptive_vs_oracle']:.2f}-"
               f"{high['adaptive_vs_oracle']:.2f}) {med['oracle_phased_vs_oracle']:>6.3f}x "
-              f"({low['oracle_phased_vs_oracle']:.2f}-{high['oracle_phased_vs_oracle']:.2f}) {reverts:>10}")
+              f"({low['oracle_phased_vs_oracle']:.2f}-{high['oracle_phased_vs_oracle']:.2f}) {reverts:>10} "
+              f"{med['adaptive_vs_static']:>6.3f}x ({low['adaptive_vs_static']:.2f})")
     check = reality_check(measured_documents(), seeds=1 if args.quick else 3)
     print("\nCheck against the measured 2-core runs (GPU-emulated there, simulated here): adaptive/static, adaptive/even")
     for row in check:
