@@ -26,23 +26,28 @@ TINY_MIX = {
 }
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(not CGROUP_V1, reason="adloader bench needs root and a writable cgroup v1 cpu hierarchy")
-def test_bench_runs_each_policy_on_real_jobs_and_writes_json_and_plot(tmp_path: Path) -> None:
-    mix = tmp_path / "tiny.json"
-    mix.write_text(json.dumps(TINY_MIX))
-    out, png = tmp_path / "out.json", tmp_path / "out.png"
+def _bench(tmp_path: Path, mix: dict, policies: str, *options: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """``adloader bench`` of ``mix`` under ``policies``, one repeat, in a fresh process with no
+    ADLOADER_ variables of ours: the process and the JSON document it wrote."""
+    path, out = tmp_path / "mix.json", tmp_path / "out.json"
+    path.write_text(json.dumps(mix))
     env = {k: v for k, v in os.environ.items() if not k.startswith("ADLOADER_")}
     env["PYTHONPATH"] = str(REPO)
     proc = subprocess.run(
-        [sys.executable, "-m", "adloader", "bench", "--mix", str(mix), "--policies", "even,adaptive",
-         "--repeats", "1", "--json", str(out), "--plot", str(png), "--cache", str(tmp_path / "cache"),
-         "--workdir", str(tmp_path / "runs")],
+        [sys.executable, "-m", "adloader", "bench", "--mix", str(path), "--policies", policies, "--repeats", "1",
+         "--json", str(out), "--cache", str(tmp_path / "cache"), "--workdir", str(tmp_path / "runs"), *options],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc, json.loads(out.read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not CGROUP_V1, reason="adloader bench needs root and a writable cgroup v1 cpu hierarchy")
+def test_bench_runs_each_policy_on_real_jobs_and_writes_json_and_plot(tmp_path: Path) -> None:
+    png = tmp_path / "out.png"
+    proc, document = _bench(tmp_path, TINY_MIX, "even,adaptive", "--plot", str(png))
     assert "GPU-emulated" in proc.stdout
-    document = json.loads(out.read_text())
     for policy in ("even", "adaptive"):
         entry = document["policies"][policy]
         assert 0.0 < entry["gpu_busy"] <= 1.0
@@ -83,18 +88,7 @@ def test_on_a_phase_changing_mix_the_oracle_is_the_better_of_the_splits_for_the_
     phase's curves, and ``oracle`` is the better of the two."""
     phased = {**TINY_MIX, "name": "tiny-phased", "jobs": [
         {**TINY_MIX["jobs"][0], "image_px": 160, "phase_after_s": 0.5, "phase_cost": 4}, TINY_MIX["jobs"][1]]}
-    mix = tmp_path / "phased.json"
-    mix.write_text(json.dumps(phased))
-    out = tmp_path / "out.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ADLOADER_")}
-    env["PYTHONPATH"] = str(REPO)
-    proc = subprocess.run(
-        [sys.executable, "-m", "adloader", "bench", "--mix", str(mix), "--policies", "oracle",
-         "--repeats", "1", "--json", str(out), "--cache", str(tmp_path / "cache"), "--workdir", str(tmp_path / "runs")],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    document = json.loads(out.read_text())
+    proc, document = _bench(tmp_path, phased, "oracle")
     policies = document["policies"]
     splits = ("oracle-first-phase", "oracle-last-phase")
     assert set(splits) <= set(policies) and all(label in proc.stdout for label in splits)
