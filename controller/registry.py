@@ -243,7 +243,19 @@ class Registry:
             batches = sum(report.batches for report in job.measurement.latest)
             new_batches, job.batches_counted = max(0, batches - job.batches_counted), batches
             if not job.ended and achieved is not None and cores is not None:
-                job.loading_curve.observe(cores, achieved, new_batches)
+                self._observe(job, cores, achieved, new_batches)
+
+    @staticmethod
+    def _observe(job: Job, cores: float, achieved: float, new_batches: float) -> None:
+        """One window of ``job``'s loading curve; a change of phase it reveals is logged, since
+        the plans that follow rest on the new curve."""
+        curve = job.loading_curve
+        phases, cost_before = curve.phase_changes, curve.cpu_s_per_sample()
+        curve.observe(cores, achieved, new_batches)
+        if curve.phase_changes > phases and cost_before is not None and (cost := curve.cpu_s_per_sample()):
+            log.info("job %s (%s) changed phase: a sample now costs %.2f ms of CPU, %.2f ms before; its "
+                     "loading curve is relearnt from its last %d windows", job.job_id, job.name, 1e3 * cost,
+                     1e3 * cost_before, curve.observations)
 
     def predict_pending(self) -> None:
         """Ask again for the jobs whose prediction was not ready at registration (the

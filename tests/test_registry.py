@@ -298,3 +298,30 @@ def test_the_curve_counts_the_batches_its_windows_were_measured_from(clock: Cloc
     # the first step's reports start the windows; every later one adds a point of 7 batches
     assert view.curve_windows == MIN_OBSERVATIONS
     assert view.curve_batches == 7 * MIN_OBSERVATIONS
+
+
+def test_a_job_whose_samples_get_dearer_is_logged_as_changing_phase_once(
+        clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
+    """One core throughout, 640 samples a second, then 320 (each sample costs twice the CPU):
+    once the curve drops the windows of the first phase the registry says so, with both costs."""
+    registry = _registry(clock)
+    _register(registry, gpus=1)
+    samples = cpu = 0.0
+
+    def step(rate: float) -> None:
+        nonlocal samples, cpu
+        clock.now += 1.0
+        samples, cpu = samples + rate, cpu + 1.0
+        registry.record_report("j1", Report(job_id="j1", rank=0, world_size=1, batch_size=32, samples=int(samples),
+                                            batches=int(samples) // 32, compute_s=clock.now - 1000.0))
+        registry.measure({"j1": cpu})
+
+    with caplog.at_level(logging.INFO, logger="controller.registry"):
+        for _ in range(40):
+            step(640.0)
+        assert not [r for r in caplog.records if "changed phase" in r.message]
+        for _ in range(40):
+            step(320.0)
+    changes = [r.getMessage() for r in caplog.records if "changed phase" in r.getMessage()]
+    assert len(changes) == 1
+    assert "a sample now costs 3.12 ms of CPU, 1.56 ms before" in changes[0]

@@ -143,6 +143,12 @@ class LoadingCurveEstimator:
             self._batches.append(None)
             self._seen = max(self._seen, WARMUP_OBSERVATIONS) + 1
 
+    def cpu_s_per_sample(self) -> float | None:
+        """CPU seconds one sample costs by the fitted curve (its first knot); None when nothing
+        is known."""
+        knots = self.points()
+        return knots[0][0] / knots[0][1] if knots and knots[0][1] > 0 else None
+
     def points(self) -> tuple[Point, ...]:
         """The fitted curve as (cores, samples/s) knots, cores increasing; the origin is
         implied, and the curve goes on beyond the last knot along its last piece. Empty
