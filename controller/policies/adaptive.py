@@ -9,8 +9,9 @@ arrive. Cores and bandwidth the program leaves over go to the jobs as headroom, 
 nothing is held back idle. Workers follow cores.
 
 The weight w_j is the job's GPUs g_j, halved when another job is clearly shorter per GPU
-(its run's length at full speed per GPU, L/g, more than 1.5x the other's; known when the jobs
-declare their length). A run's GPU busy is a GPU-weighted sum of completion times
+(its run's length per GPU, L/g, more than 1.5x the other's; known when the jobs declare their
+length), at the rate the whole node can give it (a job a phase made CPU-bound is not short:
+controller/policies/ranks.py). A run's GPU busy is a GPU-weighted sum of completion times
 (docs/policies.md): a job that finishes sooner stops holding its GPUs, so, as Smith's rule
 orders such sums, the shortest job per GPU is served first (measured on seeded random mix
 11: 0.977x static before, 1.036x after). One step only: a chain of halvings, one per job

@@ -71,9 +71,9 @@ def at_node_rate(node: NodeResources, jobs: Sequence[JobView], models: Mapping[s
 def node_busy_bound(node: NodeResources, job: JobView, model: JobModel) -> float:
     """The most of its M the whole node could give ``job``: its curve up to the most cores it
     was seen using, and beyond them no more per core than there (a concave curve through the
-    origin never gains per core as it grows), within the node's read bandwidth. Not the curve's
-    last line extended: fitted through two close, noisy knots it can be nearly flat, and two
-    identical jobs, each seen at about one of the two cores, were once ranked 1.5x apart."""
+    origin never gains per core as it grows), within the node's read bandwidth. Beyond the cores
+    seen the curve is a guess, and this is its most hopeful value: a job ranks behind for what
+    its curve showed, not for a guess (the curve's last line, extended, is the least hopeful)."""
     seen = max((cores for cores, _ in job.loading_curve), default=0.0)
     if 0.0 < seen < node.cores:
         loading = evaluate_lines(model.lines, seen) * node.cores / seen
