@@ -12,7 +12,6 @@ import pytest
 
 from controller.policies import JobAllocation, JobView, NodeResources, PolicyError, make_policy, policy_names
 from controller.policies import lp
-from controller.policies.ranks import node_busy_bound
 from controller.policies.oracle import CURVES_VAR, OraclePolicy
 from controller.policies.shares import (
     BURST_HEADROOM,
@@ -24,7 +23,6 @@ from controller.policies.shares import (
     model_of,
     predicted_objective,
 )
-from throughput_model.curves import evaluate_lines
 
 NODE = NodeResources(cpus=(0, 1, 2, 3), read_bps=400e6, read_device="254:0")
 
@@ -281,20 +279,11 @@ def test_adaptive_serves_first_the_job_clearly_shortest_per_gpu() -> None:
     assert planned(allocation["long"]) == pytest.approx(NODE.min_cores_per_job, abs=0.01)
 
     def weights(jobs: list[JobView]) -> dict[str, float]:
-        return policy.weights(NODE, jobs, {j.job_id: model_of(j) for j in jobs})
+        return policy.weights(jobs, {j.job_id: model_of(j) for j in jobs})
 
     # per GPU the 4-GPU job is the shorter, though its own run is longer
     assert weights([job("one-gpu", gpus=1, m=400.0, p=0.01, length_samples=4_000.0),
-                    job("four-gpus", gpus=4, m=400.0, p=0.005, length_samples=8_000.0)]) == {
-        "one-gpu": 0.5, "four-gpus": 4.0}
-    # ... unless the whole node cannot run it at full speed: needing 16 cores of the 4, its run
-    # takes 80 s, 20 s per GPU, twice the 1-GPU job's
-    assert weights([job("one-gpu", gpus=1, m=400.0, p=0.01, length_samples=4_000.0),
                     job("four-gpus", gpus=4, m=400.0, p=0.04, length_samples=8_000.0)]) == {
-        "one-gpu": 1.0, "four-gpus": 2.0}
-    # a young curve (fewer than 8 windows) is too noisy to rank by: full speed it is
-    assert weights([job("one-gpu", gpus=1, m=400.0, p=0.01, length_samples=4_000.0),
-                    job("four-gpus", gpus=4, m=400.0, p=0.04, length_samples=8_000.0, curve_windows=3)]) == {
         "one-gpu": 0.5, "four-gpus": 4.0}
     # one step of priority, not one per rank: a chain of them lost 7% in the simulator at 128 cores
     assert weights([job(f"l{n}", m=400.0, p=0.01, length_samples=n) for n in (1_000, 2_000, 4_000)]) == {
@@ -355,7 +344,7 @@ def test_jct_holds_its_plan_as_the_shortest_job_nears_its_end_and_shares_between
     jobs = [job("short", m=400.0, p=0.01, remaining_samples=20_000.0),  # 50 s at full speed
             job("middle", m=400.0, p=0.01, remaining_samples=26_000.0),  # 65 s: within 1.5x of 50 s
             job("long", m=400.0, p=0.01, remaining_samples=60_000.0)]  # 150 s: behind both
-    weights = policy.weights(NODE, jobs, {j.job_id: model for j in jobs if (model := model_of(j)) is not None})
+    weights = policy.weights(jobs, {j.job_id: model for j in jobs if (model := model_of(j)) is not None})
     assert weights["short"] == weights["middle"] > weights["long"]
 
 
@@ -509,38 +498,3 @@ def test_a_job_left_alone_gets_workers_for_the_whole_node() -> None:
     # big leaves: the hog's weight alone would give it the node, but its workers would not
     alone = policy.allocate(NODE, [job("hog", m=1000.0, p=0.01, current=first["hog"])])
     assert alone["hog"].workers >= NODE.cores > first["hog"].workers
-
-
-def test_the_rate_a_whole_node_gives_a_job_trusts_its_curve_only_as_far_as_it_was_seen() -> None:
-    """The finishing order ranks a job by its length at the rate the whole node can give it
-    (controller/policies/ranks.py). Up to the most cores the job was seen using, that is its
-    curve; beyond them no more per core than there (the most a concave curve allows, so a guess
-    never ranks a job behind); and never more than the node's read bandwidth carries."""
-    node = NodeResources(cpus=tuple(range(8)), read_bps=100e6, read_device="254:0")
-    # seen at 1 and 2 cores, flattening: 100 and 150 samples/s; M 2000/s
-    seen = JobView(job_id="j", name="j", max_throughput=2000.0, loading_curve=((1.0, 100.0), (2.0, 150.0)))
-    model = model_of(seen)
-    assert model is not None
-    per_core_at_two = loading_rate(model, 2.0) / 2.0
-    assert node_busy_bound(node, seen, model) == pytest.approx(8 * per_core_at_two / 2000.0)
-    assert node_busy_bound(node, seen, model) > loading_rate(model, 8.0) / 2000.0  # the last line, extended, is less
-    # seen using all eight: its curve there
-    wide = dataclasses.replace(seen, loading_curve=((1.0, 100.0), (8.0, 400.0)))
-    wide_model = model_of(wide)
-    assert wide_model is not None
-    assert node_busy_bound(node, wide, wide_model) == pytest.approx(loading_rate(wide_model, 8.0) / 2000.0)
-    # a reader of 1 MB a sample gets at most 100 samples/s from the 100 MB/s device
-    reader = dataclasses.replace(wide, bytes_per_sample=1e6)
-    reader_model = model_of(reader)
-    assert reader_model is not None
-    assert node_busy_bound(node, reader, reader_model) == pytest.approx(100.0 / 2000.0)
-    # a job the node can run at full speed: 1
-    light = dataclasses.replace(seen, max_throughput=100.0)
-    light_model = model_of(light)
-    assert light_model is not None
-    assert node_busy_bound(node, light, light_model) == 1.0
-
-
-def loading_rate(model: JobModel, cores: float) -> float:
-    """The model's loading samples/s at ``cores``."""
-    return evaluate_lines(model.lines, cores)
