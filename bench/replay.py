@@ -73,9 +73,10 @@ by image side (sim_node.SimJob.oversubscription_cost): fitted by ``python -m ben
 (``fit_oversubscription``) on every measured run of bench/results (2026-11-25). Small images
 lose 1-7% per e-fold, 448 px ones 21%; likely (not measured) because a 448 px worker's decoded
 image and its resized copies (~0.6 MB each) no longer fit beside another worker's in a core's
-2 MiB L2, so each switch between workers refetches them. With one figure for all sides (OVERSUBSCRIPTION_COST, 0.085), the
-model's ``static`` on seeded random mix 9 (eight workers of a 448 px job among 28 on two cores)
-was 19% busier than measured, and its adaptive/static ratio 20% off."""
+2 MiB L2, so each switch between workers refetches them. With one figure for all sides
+(OVERSUBSCRIPTION_COST, 0.085), the model's ``static`` on seeded random mix 9 (eight workers of
+a 448 px job among 28 on two cores) was 19% busier than measured, and its adaptive/static ratio
+20% off."""
 
 RAW_READ_COST_S = 0.00045
 """CPU seconds per sample of a raw O_DIRECT reader (node.json, speech-io-1g)."""
