@@ -41,11 +41,8 @@ def weighted_completion_s(
     allocation, active, clock, total = first, list(jobs), 0.0, 0.0
     while active:
         busy = predicted_busy(node, active, models, allocation)
-        finish_in = {
-            job.job_id: remaining[job.job_id] / rate
-            for job in active
-            if (rate := busy[job.job_id] * models[job.job_id].max_throughput) > 0
-        }
+        rates = {job.job_id: busy[job.job_id] * models[job.job_id].max_throughput for job in active}
+        finish_in = {job_id: remaining[job_id] / rate for job_id, rate in rates.items() if rate > 0}
         if not finish_in:
             return None
         step = min(finish_in.values())
@@ -55,7 +52,7 @@ def weighted_completion_s(
             if finish_in.get(job.job_id, float("inf")) <= step * (1 + 1e-9):
                 total += max(1, job.gpus) * clock
             else:
-                remaining[job.job_id] -= busy[job.job_id] * models[job.job_id].max_throughput * step
+                remaining[job.job_id] -= rates[job.job_id] * step
                 left.append(job)
         active = left
         if active:
