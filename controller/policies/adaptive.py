@@ -63,6 +63,7 @@ from controller.policies.shares import (
     floors,
     measured_model,
     predicted_busy,
+    predicted_objective,
     spread,
     workers_follow_reads,
 )
@@ -207,35 +208,34 @@ class AdaptivePolicy:
             return False  # a job arrived, the previous policy set other kinds of limits, or weights stopped acting
         if any((a.read_bps is None) != (target[job_id].read_bps is None) for job_id, a in current.items()):
             return False  # reads became contended (throttles go on) or stopped being (they come off)
-        before = predicted_busy(node, jobs, models, current)
-        after = predicted_busy(node, jobs, models, target)
-        now = sum(weights[job_id] * busy for job_id, busy in before.items())
-        gain = sum(weights[job_id] * busy for job_id, busy in after.items()) - now
+        now = predicted_objective(node, jobs, models, weights, current)
+        gain = predicted_objective(node, jobs, models, weights, target) - now
         threshold = self.first_plan_gain if _plan_anew(jobs) else self.gain_threshold
         if gain <= now * threshold + 1e-9:
             return True
         if self._too_soon(jobs, target) and gain <= now * self.urgent_gain + 1e-9:
             return True
-        return self._finishes_later(node, jobs, models, (current, before), (target, after), gain / max(now, 1e-12))
+        return self._finishes_later(node, jobs, models, current, target, gain / max(now, 1e-12))
 
     def _finishes_later(
         self,
         node: NodeResources,
         jobs: Sequence[JobView],
         models: Mapping[str, JobModel],
-        current: tuple[Allocation, Mapping[str, float]],
-        target: tuple[Allocation, Mapping[str, float]],
+        current: Allocation,
+        target: Allocation,
         rate_gain: float,
     ) -> bool:
         """True when the target starves a job (its predicted busy below ``STARVED`` of what it
         has now) and is predicted to finish the jobs later, GPU-weighted, than keeping the
         current allocation until the next departure (each course planned anew after every
         departure). False when a job's model was just learned (what it holds is a placeholder)
-        or a job's remaining samples are not known. ``current`` and ``target``: each allocation
-        with the busy fractions predicted for it."""
+        or a job's remaining samples are not known. Runs only where a plan passed the gain
+        thresholds, so the busy fractions are predicted here, apart from the objective's."""
         if any(job.newly_modelled for job in jobs):
             return False
-        (current, before), (target, after) = current, target
+        before = predicted_busy(node, jobs, models, current)
+        after = predicted_busy(node, jobs, models, target)
         starved = tuple(job.name for job in jobs if job.job_id in after
                         and after[job.job_id] < STARVED * before[job.job_id])
         if not starved:
