@@ -279,11 +279,20 @@ def test_adaptive_serves_first_the_job_clearly_shortest_per_gpu() -> None:
     assert planned(allocation["long"]) == pytest.approx(NODE.min_cores_per_job, abs=0.01)
 
     def weights(jobs: list[JobView]) -> dict[str, float]:
-        return policy.weights(jobs, {j.job_id: model_of(j) for j in jobs})
+        return policy.weights(NODE, jobs, {j.job_id: model_of(j) for j in jobs})
 
     # per GPU the 4-GPU job is the shorter, though its own run is longer
     assert weights([job("one-gpu", gpus=1, m=400.0, p=0.01, length_samples=4_000.0),
+                    job("four-gpus", gpus=4, m=400.0, p=0.005, length_samples=8_000.0)]) == {
+        "one-gpu": 0.5, "four-gpus": 4.0}
+    # ... unless the whole node cannot run it at full speed: needing 16 cores of the 4, its run
+    # takes 80 s, 20 s per GPU, twice the 1-GPU job's
+    assert weights([job("one-gpu", gpus=1, m=400.0, p=0.01, length_samples=4_000.0),
                     job("four-gpus", gpus=4, m=400.0, p=0.04, length_samples=8_000.0)]) == {
+        "one-gpu": 1.0, "four-gpus": 2.0}
+    # a young curve (fewer than 8 windows) is too noisy to rank by: full speed it is
+    assert weights([job("one-gpu", gpus=1, m=400.0, p=0.01, length_samples=4_000.0),
+                    job("four-gpus", gpus=4, m=400.0, p=0.04, length_samples=8_000.0, curve_windows=3)]) == {
         "one-gpu": 0.5, "four-gpus": 4.0}
     # one step of priority, not one per rank: a chain of them lost 7% in the simulator at 128 cores
     assert weights([job(f"l{n}", m=400.0, p=0.01, length_samples=n) for n in (1_000, 2_000, 4_000)]) == {
@@ -344,7 +353,7 @@ def test_jct_holds_its_plan_as_the_shortest_job_nears_its_end_and_shares_between
     jobs = [job("short", m=400.0, p=0.01, remaining_samples=20_000.0),  # 50 s at full speed
             job("middle", m=400.0, p=0.01, remaining_samples=26_000.0),  # 65 s: within 1.5x of 50 s
             job("long", m=400.0, p=0.01, remaining_samples=60_000.0)]  # 150 s: behind both
-    weights = policy.weights(jobs, {j.job_id: model for j in jobs if (model := model_of(j)) is not None})
+    weights = policy.weights(NODE, jobs, {j.job_id: model for j in jobs if (model := model_of(j)) is not None})
     assert weights["short"] == weights["middle"] > weights["long"]
 
 

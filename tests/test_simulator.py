@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bench.sim_node import MAIN_PROCESS_CORES, STARTUP_CORES, SimJob, SimNode, oversubscription_inflation, simulate
-from bench.replay import MEASURED_COST_S, jobs_from_measured_mix, jpeg_cost_s
+from bench.replay import MEASURED_COST_S, jobs_from_measured_mix, jpeg_cost_s, measured_node
 from bench.simulate import settle_times
 from controller.policies import make_policy
 from controller.policies.base import Allocation, JobView, NodeResources
@@ -285,3 +285,20 @@ def test_the_quota_response_is_the_busy_reached_against_quota_over_the_cores_its
             for quota, busy in ((0.16, 0.45), (0.64, 0.99))]
     table = quota_response([_run({"even": runs, "static": runs}, [spec])], fetch_s=0.0, contention_s=0.0)
     assert table == ((0.0, 0.0), (0.5, 0.45), (2.0, 0.99))  # static runs have no quota to learn from
+
+
+def test_a_job_a_phase_makes_cpu_bound_is_not_served_first_for_being_short_at_full_speed() -> None:
+    """Simulated 2-core phase mix 2-51 (bench/simulate.py): a 4-GPU job, the shortest per GPU at
+    full speed, gets 4x dearer mid-run and then needs 14 cores; ranked by its length at full
+    speed it kept the 1-GPU job beside it at weight 10 and one worker for 400 s, where static
+    finished that job in 82 s (adaptive 0.83x static). Ranked at the rate the whole node gives
+    it, it no longer counts as the shorter one."""
+    node = measured_node(period_s=1.0, settle_period_s=0.5)
+    jobs = [SimJob(name="four-gpus", gpus=4, max_throughput=782.0, cpu_s_per_sample=0.00448, samples=53_937.0,
+                   requested_workers=2, batch_size=32, startup_s=3.0, phases=((39.0, 4.0),)),
+            SimJob(name="one-gpu", gpus=1, max_throughput=478.0, cpu_s_per_sample=0.00089, samples=24_385.0,
+                   requested_workers=4, batch_size=32, startup_s=3.0, phases=((25.4, 4.0),))]
+    static = simulate(node, jobs, make_policy("static"), seed=51)
+    adaptive = simulate(node, jobs, make_policy("adaptive"), seed=51)
+    assert adaptive.gpu_busy >= 0.98 * static.gpu_busy
+    assert adaptive.jobs["one-gpu"]["jct_s"] < 2 * static.jobs["one-gpu"]["jct_s"]

@@ -9,8 +9,8 @@ arrive. Cores and bandwidth the program leaves over go to the jobs as headroom, 
 nothing is held back idle. Workers follow cores.
 
 The weight w_j is the job's GPUs g_j, halved when another job is clearly shorter per GPU
-(its run's length at full speed per GPU, L/g, more than 1.5x the other's; known when the jobs
-declare their length). A run's GPU busy is a GPU-weighted sum of completion times
+(its run's length per GPU, L/g, at the rate the whole node can give it, more than 1.5x the
+other's; known when the jobs declare their length). A run's GPU busy is a GPU-weighted sum of completion times
 (docs/policies.md): a job that finishes sooner stops holding its GPUs, so, as Smith's rule
 orders such sums, the shortest job per GPU is served first (measured on seeded random mix
 11: 0.977x static before, 1.036x after). One step only: a chain of halvings, one per job
@@ -43,7 +43,8 @@ A plan that would cut a job's predicted busy fraction below ``STARVED`` of what 
 checked once more, on what a run's GPU busy rewards: when every job's remaining samples are
 known, the GPU-weighted completion times the current allocation and the plan each lead to
 (:mod:`controller.policies.completion`). The plan is kept out when it finishes the jobs later
-(simulated 2-core phase mixes, 240 seeds: 12 below 0.98x static before, 5 after).
+(simulated 2-core phase mixes, 240 seeds: 12 below 0.98x static before, 5 after; 2 with
+ranks at the node's rate as well).
 """
 from __future__ import annotations
 
@@ -53,8 +54,8 @@ from typing import Mapping, Sequence
 from controller.policies import lp
 from controller.policies.base import Allocation, JobAllocation, JobView, NodeResources
 from controller.policies.completion import weighted_completion_s
-from controller.policies.ranks import ranks_behind, run_lengths, unknown_as_longest
-from controller.policies.worth import MATURE_CURVE_WINDOWS, pool_equal_worth
+from controller.policies.ranks import at_node_rate, ranks_behind, run_lengths, unknown_as_longest
+from controller.policies.worth import alike_curves, counted_batches, pool_equal_worth, young_curve
 from controller.policies.shares import (
     SATISFIED,
     JobModel,
@@ -103,21 +104,26 @@ class AdaptivePolicy:
         """The jobs the last completion check kept a plan from starving (so its reason is logged
         once at INFO, not at every step it holds)."""
 
-    def weights(self, jobs: Sequence[JobView], models: Mapping[str, JobModel]) -> dict[str, float]:
+    def weights(self, node: NodeResources, jobs: Sequence[JobView], models: Mapping[str, JobModel]
+                ) -> dict[str, float]:
         """Objective weight of each modelled job's busy fraction: its worth weight times its
         finishing-order factor (:meth:`weighing`)."""
-        return _times(*self.weighing(jobs, models))
+        return _times(*self.weighing(node, jobs, models))
 
-    def weighing(self, jobs: Sequence[JobView], models: Mapping[str, JobModel]
+    def weighing(self, node: NodeResources, jobs: Sequence[JobView], models: Mapping[str, JobModel]
                  ) -> tuple[dict[str, float], dict[str, float]]:
         """For each modelled job, (worth weight, finishing-order factor). The worth weight is its
         GPUs (a job without a GPU counts as one device); the factor is 1, or 1/``FINISH_FACTOR``
-        when another job is clearly ahead of it in run length per GPU, L/g
-        (:mod:`controller.policies.ranks`; a job whose length is unknown counts the longest
-        known L). The two are kept apart because only the measured curves are noisy: jobs are
-        pooled by their worth up to that noise, and the exact factor then orders them."""
+        when another job is clearly ahead of it in run length per GPU, L/g, at the rate the
+        whole node can give it (:mod:`controller.policies.ranks`; a job whose length is unknown
+        counts the longest known L; jobs of one shape are given one curve first, so that their
+        counting noise does not rank them apart). The two are kept apart because only the
+        measured curves are noisy: jobs are pooled by their worth up to that noise, and the
+        exact factor then orders them."""
         gpus = {job.job_id: float(max(1, job.gpus)) for job in jobs if job.job_id in models}
-        lengths = run_lengths(jobs, models)
+        curves, _ = alike_curves({job_id: models[job_id] for job_id in gpus}, gpus, counted_batches(jobs),
+                                 widest=FINISH_FACTOR)
+        lengths = at_node_rate(node, jobs, curves, run_lengths(jobs, models))
         if not lengths:
             return gpus, dict.fromkeys(gpus, 1.0)
         per_gpu = {job_id: length / gpus[job_id] for job_id, length in unknown_as_longest(lengths, gpus).items()}
@@ -129,10 +135,9 @@ class AdaptivePolicy:
             return {}
         jobs = sorted(jobs, key=lambda j: j.job_id)
         measured = {job.job_id: model for job in jobs if (model := measured_model(job)) is not None}
-        worth, order = self.weighing(jobs, measured)
+        worth, order = self.weighing(node, jobs, measured)
         weights = _times(worth, order)
-        evidence = {job.job_id: job.curve_batches for job in jobs if job.curve_batches is not None}
-        models = pool_equal_worth(measured, worth, weights, evidence, widest=FINISH_FACTOR)
+        models = pool_equal_worth(measured, worth, weights, counted_batches(jobs), widest=FINISH_FACTOR)
         target = self._target(node, jobs, models, weights)
         if self._keep_current(node, jobs, models, weights, target):
             return {job.job_id: job.current for job in jobs}
@@ -242,7 +247,7 @@ class AdaptivePolicy:
             return False
 
         def replan(left: Sequence[JobView]) -> Allocation:
-            return self._target(node, left, models, self.weights(left, models))
+            return self._target(node, left, models, self.weights(node, left, models))
 
         kept = weighted_completion_s(node, jobs, models, current, replan)
         planned = weighted_completion_s(node, jobs, models, target, replan)
@@ -265,7 +270,7 @@ class AdaptivePolicy:
         first reports after the settle time (a slow start: 10 s for one of jct_lengths' jobs)
         gets its first plan, and the others make room for it, on the usual threshold, not
         only on an urgent gain."""
-        if any(job.since_event_s is None or job.since_event_s < self.settle_s or _young(job) for job in jobs):
+        if any(job.since_event_s is None or job.since_event_s < self.settle_s or young_curve(job) for job in jobs):
             return False
         return any(
             job.allocation_age_s is not None and job.allocation_age_s < self.min_change_interval_s
@@ -283,11 +288,6 @@ def _plan_anew(jobs: Sequence[JobView]) -> bool:
     """True at a step where what the jobs hold was planned for another node: a job's model has
     just become known (its even share was a placeholder), or a job has just left."""
     return any(job.newly_modelled or job.departure_step for job in jobs)
-
-
-def _young(job: JobView) -> bool:
-    """The job's loading curve is known but rests on few windows (see policies/worth.py)."""
-    return bool(job.loading_curve) and job.curve_windows is not None and job.curve_windows < MATURE_CURVE_WINDOWS
 
 
 def _bandwidth_bound(model: JobModel, busy: float, read_bps: float) -> bool:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from controller.policies.adaptive import AdaptivePolicy
-from controller.policies.base import JobView
+from controller.policies.base import JobView, NodeResources
 from controller.policies.ranks import ranks_behind, remaining_times, unknown_as_longest
 from controller.policies.shares import JobModel
 
@@ -34,13 +34,13 @@ first), the cores it cannot use flow on down the ranks."""
 class JctPolicy(AdaptivePolicy):
     name = "jct"
 
-    def weighing(self, jobs: Sequence[JobView], models: Mapping[str, JobModel]
+    def weighing(self, node: NodeResources, jobs: Sequence[JobView], models: Mapping[str, JobModel]
                  ) -> tuple[dict[str, float], dict[str, float]]:
         """Worth weight 1 for every job, finishing-order factor ``RANK_FACTOR`` to the minus its
         rank in remaining time; ``adaptive``'s when no job's remaining work is known."""
         remaining = remaining_times(jobs, models)
         if not remaining:
-            return super().weighing(jobs, models)
+            return super().weighing(node, jobs, models)
         times = unknown_as_longest(remaining, models)
         order = {job_id: RANK_FACTOR ** -rank for job_id, rank in ranks_behind(times).items()}
         return dict.fromkeys(times, 1.0), order

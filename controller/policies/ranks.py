@@ -2,17 +2,23 @@
 
 Both weigh a job's busy fraction less for a job clearly ahead of it in finishing order:
 ``jct`` by its remaining time R (shortest-remaining-first, as A-SRPT), ``adaptive`` by the
-length of its run per GPU, L/g (Smith's rule for GPU-weighted completion times). A job is
-behind another only when its figure is more than ``CLEARLY_AHEAD`` times the other's, so
-jobs within that factor of each other (two identical jobs, or noise in M) share a rank, and
-ranks change only when one job pulls clearly ahead, not every period.
+length of its run per GPU, L/g, at the rate the whole node can give it (Smith's rule for
+GPU-weighted completion times). A job is behind another only when its figure is more than
+``CLEARLY_AHEAD`` times the other's, so jobs within that factor of each other (two identical
+jobs, or noise in M) share a rank, and ranks change only when one job pulls clearly ahead,
+not every period.
 """
 from __future__ import annotations
 
 from typing import Callable, Iterable, Mapping, Sequence
 
-from controller.policies.base import JobView
-from controller.policies.shares import JobModel
+from controller.policies.base import JobView, NodeResources
+from controller.policies.shares import JobModel, evaluate_lines
+from controller.policies.worth import young_curve
+
+MIN_NODE_BUSY = 1e-3
+"""A job whose curve gives it less than this busy fraction on the whole node counts this: its
+length stays finite, and it ranks behind every job that can run."""
 
 CLEARLY_AHEAD = 1.5
 """A job ranks behind another only when its figure (R, or L/g) is more than this many times
@@ -42,6 +48,41 @@ def run_lengths(jobs: Sequence[JobView], models: Mapping[str, JobModel]) -> dict
     past the 5 s settle goal."""
     return _at_full_speed(
         jobs, models, lambda job: job.length_samples if job.length_samples is not None else job.remaining_samples)
+
+
+def at_node_rate(node: NodeResources, jobs: Sequence[JobView], models: Mapping[str, JobModel],
+                 lengths: Mapping[str, float]) -> dict[str, float]:
+    """``lengths`` (seconds at full speed) stretched to the rate the whole node can give each
+    job, min(M, T_load(C), B/b): the time it needs with every core to itself, the processing
+    time Smith's rule orders by. At full speed, a job a phase made CPU-bound (a sample 4x
+    dearer: it needs 14 cores on a 2-core node) still ranked as the shortest per GPU, halved
+    the weights of the jobs beside it, and starved a 1-GPU job static would have finished in
+    82 s (simulated 2-core phase mixes: 0.83-0.86x static on three of 240, 12 below 0.98x;
+    7 below with this; 2 with the completion check as well, against 5 with the check alone).
+    Only a mature curve stretches a length: a young one's noise moved a
+    job that needs about the node's cores across ranks, and a 3-job mix never got its first
+    plan (0.98 -> 0.83x the oracle)."""
+    stretched = dict(lengths)
+    for job in jobs:
+        if job.job_id in stretched and not young_curve(job):
+            stretched[job.job_id] /= max(node_busy_bound(node, job, models[job.job_id]), MIN_NODE_BUSY)
+    return stretched
+
+
+def node_busy_bound(node: NodeResources, job: JobView, model: JobModel) -> float:
+    """The most of its M the whole node could give ``job``: its curve up to the most cores it
+    was seen using, and beyond them no more per core than there (a concave curve through the
+    origin never gains per core as it grows), within the node's read bandwidth. Not the curve's
+    last line extended: fitted through two close, noisy knots it can be nearly flat, and two
+    identical jobs, each seen at about one of the two cores, were once ranked 1.5x apart."""
+    seen = max((cores for cores, _ in job.loading_curve), default=0.0)
+    if 0.0 < seen < node.cores:
+        loading = evaluate_lines(model.lines, seen) * node.cores / seen
+    else:
+        loading = evaluate_lines(model.lines, node.cores)
+    if node.read_bps is not None and model.bytes_per_sample > 0:
+        loading = min(loading, node.read_bps / model.bytes_per_sample)
+    return min(1.0, loading / model.max_throughput)
 
 
 def _at_full_speed(jobs: Sequence[JobView], models: Mapping[str, JobModel],

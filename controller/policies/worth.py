@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from typing import Mapping, Sequence
 
+from controller.policies.base import JobView
 from controller.policies.shares import JobModel
 
 WORTH_TOLERANCE = 0.5
@@ -57,6 +58,16 @@ from a neighbour waits until it has counted some 25 batches (7 s after its first
 simulated random mix 3, where the 20 seeded mixes otherwise settle within 4.5 s)."""
 
 
+def counted_batches(jobs: Sequence[JobView]) -> dict[str, float]:
+    """The batches behind each job's curve, where they were counted (JobView.curve_batches)."""
+    return {job.job_id: job.curve_batches for job in jobs if job.curve_batches is not None}
+
+
+def young_curve(job: JobView) -> bool:
+    """The job's loading curve is known but rests on fewer than MATURE_CURVE_WINDOWS windows."""
+    return bool(job.loading_curve) and job.curve_windows is not None and job.curve_windows < MATURE_CURVE_WINDOWS
+
+
 def worth_per_core(model: JobModel, weight: float) -> float:
     """Objective gained per core at low cores: weight × (samples per core-second) / M.
     Infinite when the curve says cores never bind."""
@@ -81,11 +92,19 @@ def pool_equal_worth(
     never a mistake the noise made. Across GPU counts it was such a mistake: on the simulated
     2-core phase mixes a job starved by the order never counted enough batches to be told
     apart again (4 jobs: that mix 0.93x the oracle, 0.99x when pooled on the whole weight)."""
+    curves, alike = alike_curves(models, worth, evidence, widest)
+    return pooled(curves, weights, equal_worth_groups(curves, weights, evidence=evidence, alike=alike))
+
+
+def alike_curves(models: Mapping[str, JobModel], worth: Mapping[str, float], evidence: Mapping[str, float],
+                 widest: float) -> tuple[dict[str, JobModel], list[list[str]]]:
+    """``models`` with the curves of jobs of one shape made the same (equal ``worth`` weight,
+    worth per core the same up to the counting noise of ``evidence`` alone, at most ``widest``
+    apart), and those groups of jobs."""
     alike = [group for weight in set(worth.values()) for group in equal_worth_groups(
         {job_id: model for job_id, model in models.items() if worth[job_id] == weight}, worth,
         tolerance=0.0, evidence=evidence, widest=widest)]
-    curves = pooled(models, worth, alike)
-    return pooled(curves, weights, equal_worth_groups(curves, weights, evidence=evidence, alike=alike))
+    return pooled(models, worth, alike), alike
 
 
 def equal_worth_groups(
