@@ -10,13 +10,14 @@ nothing is held back idle. Workers follow cores.
 
 The weight w_j is the job's GPUs g_j, halved when another job is clearly shorter per GPU
 (its run's length per GPU, L/g, at the rate the whole node can give it, more than 1.5x the
-other's; known when the jobs declare their length). A run's GPU busy is a GPU-weighted sum of completion times
-(docs/policies.md): a job that finishes sooner stops holding its GPUs, so, as Smith's rule
-orders such sums, the shortest job per GPU is served first (measured on seeded random mix
-11: 0.977x static before, 1.036x after). One step only: a chain of halvings, one per job
-ahead, lost 7% to the oracle on simulated 128-core nodes with 16 jobs, where one step lost
-nothing. By length, not by remaining time: remaining times drift as jobs run, and each rank
-they crossed was a re-plan between arrivals and departures (controller/policies/ranks.py).
+other's; known when the jobs declare their length). A run's GPU busy is a GPU-weighted sum of
+completion times (docs/policies.md): a job that finishes sooner stops holding its GPUs, so,
+as Smith's rule orders such sums, the shortest job per GPU is served first (measured on
+seeded random mix 11: 0.977x static before, 1.036x after). One step only: a chain of
+halvings, one per job ahead, lost 7% to the oracle on simulated 128-core nodes with 16 jobs,
+where one step lost nothing. By length, not by remaining time: remaining times drift as jobs
+run, and each rank they crossed was a re-plan between arrivals and departures
+(controller/policies/ranks.py).
 
 Stability: jobs worth the same per core up to measurement noise are planned as equals
 (:mod:`controller.policies.worth`), so they share evenly instead of trading the node

@@ -59,9 +59,9 @@ def at_node_rate(node: NodeResources, jobs: Sequence[JobView], models: Mapping[s
     the weights of the jobs beside it, and starved a 1-GPU job static would have finished in
     82 s (simulated 2-core phase mixes: 0.83-0.86x static on three of 240, 12 below 0.98x;
     7 below with this; 2 with the completion check as well, against 5 with the check alone).
-    Only a mature curve stretches a length: a young one's noise moved a
-    job that needs about the node's cores across ranks, and a 3-job mix never got its first
-    plan (0.98 -> 0.83x the oracle)."""
+    Only a mature curve stretches a length: a young one's noise moved a job that needs about
+    the node's cores across ranks, and a 3-job mix never got its first plan (0.98 -> 0.83x the
+    oracle)."""
     stretched = dict(lengths)
     for job in jobs:
         if job.job_id in stretched and not young_curve(job):
