@@ -115,6 +115,17 @@ def test_identical_starving_jobs_share_equally_so_the_answer_is_unique() -> None
     assert len({a.cpu_weight for a in allocation.values()}) == 1
 
 
+def test_two_equals_that_cannot_both_be_satisfied_share_instead_of_one_taking_its_fill() -> None:
+    """Each 2-GPU job needs 1.8 cores (more with the plan's margin), beside a job worth far less
+    per core: within one of the program's value slices any split between the two is optimal, and
+    before the program kept groups of equals equally busy HiGHS gave one its satisfied weight
+    (1207) and the other what was left (183)."""
+    jobs = [job("a", gpus=2, m=100.0, p=0.018), job("b", gpus=2, m=100.0, p=0.018), job("c", m=100.0, p=0.05)]
+    allocation = make_policy("adaptive").allocate(NODE, jobs)
+    assert allocation["a"] == allocation["b"]
+    assert not is_satisfied(allocation["a"])
+
+
 def test_a_job_not_yet_measured_gets_an_even_share_the_others_split_the_rest() -> None:
     newcomer = JobView(job_id="new", name="new", gpus=1)
     jobs = [job("a", m=100.0, p=0.05), job("b", m=100.0, p=0.05), newcomer]
@@ -463,6 +474,18 @@ def test_the_program_is_optimal_against_a_grid_of_allocations() -> None:
     assert solution.objective >= (1 - lp.DIMINISHING) * grid_best - 1e-6
     assert solution.objective <= grid_best + 0.05  # and the grid is fine enough to come close
     assert sum(solution.cores.values()) <= 2.0 + 1e-6
+
+
+def test_the_program_keeps_each_group_of_equals_equally_busy_at_no_cost_to_the_objective() -> None:
+    """Two equals needing 0.68 cores each beside a job of a quarter of their weight, on 1.3
+    cores: without the group HiGHS returns the vertex busy 1.0 / 0.84."""
+    demands = [lp.JobDemand(name, 2.0, 100.0, ((0.0, 100.0 / 0.68),), min_cores=0.05) for name in "ab"]
+    demands.append(lp.JobDemand("c", 0.5, 100.0, ((0.0, 200.0),), min_cores=0.05))
+    alone = lp.solve(demands, cores=1.3, read_bps=None)
+    shared = lp.solve(demands, cores=1.3, read_bps=None, equals=[["a", "b"], ["c"], ["gone"]])
+    assert shared.busy["a"] == pytest.approx(shared.busy["b"], abs=1e-6)
+    assert shared.cores["a"] == pytest.approx(shared.cores["b"], abs=1e-6)
+    assert shared.objective == pytest.approx(alone.objective, rel=1e-6)
 
 
 def test_the_program_solves_a_curve_of_almost_nothing_beside_a_normal_one() -> None:

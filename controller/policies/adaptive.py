@@ -20,10 +20,10 @@ run, and each rank they crossed was a re-plan between arrivals and departures
 (controller/policies/ranks.py).
 
 Stability: jobs worth the same per core up to measurement noise are planned as equals
-(:mod:`controller.policies.worth`), so they share evenly instead of trading the node
-back and forth; the finishing order is exact, so it still orders jobs whose curves are
-pooled. The current allocation (``JobView.current``) is kept unless a job
-arrived (or the previous policy set other kinds of limits), or the new one is predicted
+(:mod:`controller.policies.worth`), and the program keeps each group of them equally busy, so
+they share evenly instead of trading the node back and forth; the finishing order is exact,
+so it still orders jobs whose curves are pooled. The current allocation (``JobView.current``)
+is kept unless a job arrived (or the previous policy set other kinds of limits), or the new one is predicted
 to raise the objective by more than ``gain_threshold`` (10% by default: on a busy
 two-core machine the models of two identical jobs differ by up to ±20%). At the step a
 job's model becomes known (``JobView.newly_modelled``) the bar is ``first_plan_gain``
@@ -138,9 +138,9 @@ class AdaptivePolicy:
         measured = {job.job_id: model for job in jobs if (model := measured_model(job)) is not None}
         worth, order = self.weighing(node, jobs, measured)
         weights = _times(worth, order)
-        models = pool_equal_worth(measured, worth, weights, counted_batches(jobs), widest=FINISH_FACTOR)
-        target = self._target(node, jobs, models, weights)
-        if self._keep_current(node, jobs, models, weights, target):
+        models, equals = pool_equal_worth(measured, worth, weights, counted_batches(jobs), widest=FINISH_FACTOR)
+        target = self._target(node, jobs, models, weights, equals)
+        if self._keep_current(node, jobs, models, weights, target, equals):
             return {job.job_id: job.current for job in jobs}
         self._held_back = ()
         if log.isEnabledFor(logging.DEBUG):
@@ -159,7 +159,10 @@ class AdaptivePolicy:
         jobs: Sequence[JobView],
         models: Mapping[str, JobModel],
         weights: Mapping[str, float],
+        equals: Sequence[Sequence[str]],
     ) -> Allocation:
+        """The plan: the program's cores and bandwidth for the modelled jobs (``equals``, the
+        groups planned as worth the same, kept equally busy), an even placeholder for the rest."""
         budget = contended_bandwidth(node, jobs, models)
         manage_io = budget is not None
         bandwidth = budget or 0.0
@@ -184,7 +187,7 @@ class AdaptivePolicy:
         ]
         free_cores = node.cores - sum(reserved_cores.values())
         free_io = bandwidth - sum(reserved_io.values())
-        solution = lp.solve(demands, free_cores, free_io if manage_io else None)
+        solution = lp.solve(demands, free_cores, free_io if manage_io else None, equals)
         read_bps = None
         if manage_io:
             read_bps = spread(bandwidth, {**reserved_io, **solution.read_bps}, floor=io_floor)
@@ -205,6 +208,7 @@ class AdaptivePolicy:
         models: Mapping[str, JobModel],
         weights: Mapping[str, float],
         target: Allocation,
+        equals: Sequence[Sequence[str]],
     ) -> bool:
         """True when every job has an allocation from this kind of policy and the target is
         not predicted to beat the current one by more than the threshold."""
@@ -221,7 +225,7 @@ class AdaptivePolicy:
             return True
         if self._too_soon(jobs, target) and gain <= now * self.urgent_gain + 1e-9:
             return True
-        return self._finishes_later(node, jobs, models, current, target, gain / max(now, 1e-12))
+        return self._finishes_later(node, jobs, models, current, target, gain / max(now, 1e-12), equals)
 
     def _finishes_later(
         self,
@@ -231,6 +235,7 @@ class AdaptivePolicy:
         current: Allocation,
         target: Allocation,
         rate_gain: float,
+        equals: Sequence[Sequence[str]],
     ) -> bool:
         """True when the target starves a job (its predicted busy below ``STARVED`` of what it
         has now) and is predicted to finish the jobs later, GPU-weighted, than keeping the
@@ -248,7 +253,7 @@ class AdaptivePolicy:
             return False
 
         def replan(left: Sequence[JobView]) -> Allocation:
-            return self._target(node, left, models, self.weights(node, left, models))
+            return self._target(node, left, models, self.weights(node, left, models), equals)
 
         kept = weighted_completion_s(node, jobs, models, current, replan)
         planned = weighted_completion_s(node, jobs, models, target, replan)

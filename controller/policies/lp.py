@@ -4,11 +4,13 @@ For each job j with GPU weight w_j, max throughput M_j, a concave loading curve
 given as lines (T_load(c) ≤ a_k + s_k·c for every k) and b_j bytes read per sample:
 
     maximise   Σ_j w_j·Σ_s v_s·u_js  + δ·(Σ_j w_j)·z   (busy fraction, fairness)
+               + δ·Σ_g (Σ_{j∈g} w_j)·z_g             (equals equally busy)
                − ε_c·Σ_j c_j − ε_io·Σ_j io_j/B         (use no more than needed)
     subject to M_j·t_j ≤ a_k + s_k·c_j                  for every line k of job j
                M_j·b_j·t_j ≤ io_j                       when read bandwidth is managed
                Σ c_j ≤ C,  Σ io_j ≤ B,  Σ_s u_js ≤ t_j
                z ≤ t_j,  0 ≤ t_j ≤ 1,  0 ≤ u_js ≤ 1/S,  floor_j ≤ c_j ≤ cap_j,  io_floor_j ≤ io_j
+               z_g ≤ t_j                                for every job j of a group g of equals
 
 (bandwidth enters the program as fractions of B, so every variable is of order one
 and the ε terms stay above the solver's tolerances; each curve line is divided by M_j,
@@ -24,6 +26,15 @@ everything to whichever measured a few percent better this period (so the answer
 does not flip between periods); jobs clearly worth more are still served first. The
 max-min term z breaks the remaining ties; the ε terms leave cores nobody needs
 unallocated, for the caller to hand out as headroom.
+
+z lifts only the least busy job, so it leaves a tie between two equals above it open: within
+one value slice any split of the cores between them is optimal, and HiGHS returns a vertex.
+Two 2-GPU jobs needing 0.68 cores each, beside a job at a quarter of their weight, on 1.3
+cores: busy 1.0 and 0.84, not 0.92 and 0.92; the caller then gave the first its satisfied CPU
+weight (~1070) and the second one as small as its cores (~55), and on the real node one of
+two equal jobs held that until it finished (bench/mixes/real_node.json, 2026-11-25). So the
+caller names its groups of equals (``equals``, jobs it planned as worth the same per core) and
+each group gets a max-min term z_g of its own.
 """
 from __future__ import annotations
 
@@ -82,9 +93,12 @@ class Solution:
     """Σ w_j·t_j."""
 
 
-def solve(demands: Sequence[JobDemand], cores: float, read_bps: float | None) -> Solution:
+def solve(demands: Sequence[JobDemand], cores: float, read_bps: float | None,
+          equals: Sequence[Sequence[str]] = ()) -> Solution:
     """Solve the program for ``demands`` on ``cores`` CPUs and ``read_bps`` bytes/s (None:
-    bandwidth not managed). Raises PolicyError if the floors alone exceed the cores."""
+    bandwidth not managed); each group of job ids in ``equals`` is kept equally busy where the
+    program is otherwise indifferent (the module docstring). Raises PolicyError if the floors
+    alone exceed the cores."""
     if not demands:
         return Solution({}, {}, {}, 0.0)
     floors = sum(d.min_cores for d in demands)
@@ -101,11 +115,13 @@ def solve(demands: Sequence[JobDemand], cores: float, read_bps: float | None) ->
         )
     n = len(demands)
     io = read_bps is not None
-    # variable layout: c_0..c_{n-1}, t_0..t_{n-1}, [io_0..io_{n-1}], u_{0,0}..u_{n-1,S-1}, z
+    index = {d.job_id: j for j, d in enumerate(demands)}
+    groups = [members for group in equals if len(members := [index[job] for job in group if job in index]) > 1]
+    # variable layout: c_0..c_{n-1}, t_0..t_{n-1}, [io_0..io_{n-1}], u_{0,0}..u_{n-1,S-1}, z, z_g...
     C, T, IO = 0, n, 2 * n
     U = 3 * n if io else 2 * n
     Z = U + n * SLICES
-    n_vars = Z + 1
+    n_vars = Z + 1 + len(groups)
     rows: list[np.ndarray] = []
     cols: list[np.ndarray] = []
     vals: list[np.ndarray] = []
@@ -148,6 +164,12 @@ def solve(demands: Sequence[JobDemand], cores: float, read_bps: float | None) ->
     slice_job = np.repeat(k, SLICES)  # Σ_s u_js - t_j <= 0
     block(np.concatenate([slice_job, k]), np.concatenate([U + np.arange(n * SLICES), T + k]),
           np.concatenate([np.ones(n * SLICES), -np.ones(n)]), np.zeros(n))
+    if groups:  # z_g - t_j <= 0 for every job of group g
+        member = np.array([j for group in groups for j in group], dtype=int)
+        group_var = Z + 1 + np.repeat(np.arange(len(groups)), [len(group) for group in groups])
+        k = np.arange(len(member))
+        block(np.concatenate([k, k]), np.concatenate([group_var, T + member]),
+              np.concatenate([np.ones(len(member)), -np.ones(len(member))]), np.zeros(len(member)))
 
     matrix = coo_matrix(
         (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(row, n_vars)
@@ -160,12 +182,13 @@ def solve(demands: Sequence[JobDemand], cores: float, read_bps: float | None) ->
     if io:
         cost[IO:IO + n] = IO_COST
     cost[Z] = -TIE_BREAK * float(weights.sum())
+    cost[Z + 1:] = [-TIE_BREAK * float(weights[group].sum()) for group in groups]
     bounds = [(d.min_cores, min(d.max_cores, cores)) for d in demands]
     bounds += [(0.0, 1.0)] * n
     if io:
         bounds += [(min(d.min_read_bps / scale, 1.0), 1.0) for d in demands]
     bounds += [(0.0, 1.0 / SLICES)] * (n * SLICES)
-    bounds.append((0.0, 1.0))
+    bounds += [(0.0, 1.0)] * (1 + len(groups))
     result = linprog(cost, A_ub=matrix, b_ub=np.concatenate(rhs), bounds=bounds, method="highs")
     if result.status != 0:
         raise PolicyError(f"allocation program failed ({result.message}); inputs: {len(demands)} jobs, "

@@ -11,9 +11,10 @@ two cores, one of them always starved.
 
 So before planning, jobs whose worth per core lies within ``WORTH_TOLERANCE`` of each
 other are grouped and each is planned with the group's worth (its curve scaled, its M
-and GPUs untouched). The program is then indifferent between them and its max-min
-tie-break shares the cores so they are equally busy; jobs clearly worth more per core
-(more GPUs, cheaper samples) are still served first.
+and GPUs untouched). The program is then indifferent between them, and a max-min term per
+group keeps them equally busy (:mod:`controller.policies.lp`: one term for the whole node
+lifted only the least busy job, and two equals above it were split at a vertex); jobs clearly
+worth more per core (more GPUs, cheaper samples) are still served first.
 
 A policy's weight has two parts: a worth weight (GPUs), and a finishing-order factor that is
 exact, not measured (``adaptive`` halves the weight of a job clearly longer per GPU than
@@ -80,8 +81,9 @@ def worth_per_core(model: JobModel, weight: float) -> float:
 def pool_equal_worth(
     models: Mapping[str, JobModel], worth: Mapping[str, float], weights: Mapping[str, float],
     evidence: Mapping[str, float], widest: float,
-) -> dict[str, JobModel]:
-    """``models`` pooled for planning with ``weights``, each a job's ``worth`` weight times its
+) -> tuple[dict[str, JobModel], list[list[str]]]:
+    """``models`` pooled for planning with ``weights``, and the groups of equals they were pooled
+    in (for the program to keep equally busy, :func:`controller.policies.lp.solve`): each a job's ``worth`` weight times its
     finishing-order factor (the order): first the curves of jobs of one shape are made the
     same, jobs of equal worth weight whose worth per core is the same up to counting noise
     alone (at most ``widest`` apart: no tolerance, so mature curves are left as measured);
@@ -93,7 +95,8 @@ def pool_equal_worth(
     2-core phase mixes a job starved by the order never counted enough batches to be told
     apart again (4 jobs: that mix 0.93x the oracle, 0.99x when pooled on the whole weight)."""
     curves, alike = alike_curves(models, worth, evidence, widest)
-    return pooled(curves, weights, equal_worth_groups(curves, weights, evidence=evidence, alike=alike))
+    equals = equal_worth_groups(curves, weights, evidence=evidence, alike=alike)
+    return pooled(curves, weights, equals), equals
 
 
 def alike_curves(models: Mapping[str, JobModel], worth: Mapping[str, float], evidence: Mapping[str, float],
