@@ -17,7 +17,9 @@ Two parts, both pure CPU, faster than real time, every figure SIMULATED:
    better of the static splits best for the jobs' first and for their last phases.
    Crossing phases (``crossing_mix``): oversubscribed mixes in which every job changes phase,
    half of them dearer and half cheaper, where a split cannot serve both phases; static,
-   adaptive, oracle and oracle_phased.
+   adaptive, oracle and oracle_phased. Crossing pairs (``crossing_pair``): two jobs on the
+   measured 2-core node whose phases cross, both CPU-bound in both phases, where following
+   the phases is worth most.
 2. Check against reality: the shipped 2-core mixes (bench/results/node.json, and
    node_real.json: a phase change, Python work in a training loop, more jobs than cores) and
    the seeded random mixes (bench/results/node_random.json) replayed in the model with what
@@ -128,6 +130,28 @@ def two_core_phase_mix(cores: int, n_jobs: int, seed: int) -> list[SimJob]:
         requested_workers=rng.choice([2, 4, 8]), batch_size=32, startup_s=STARTUP_S,
         phases=((duration * rng.uniform(0.3, 0.6), float(rng.choice(PHASE_COSTS))),) if i in dearer else (),
     ) for i, g, p, m, duration in _sized_jobs(rng, cores, gpus, (1.0, 2.0), durations_s=(50.0, 90.0))]
+
+
+CROSSING_PAIRS = ((1.2, 2.5), (1.0, 3.0), (1.5, 2.0), (0.9, 4.0))
+"""(cores a job's cheap phase needs at full speed, how many times dearer its other phase is)
+of the crossing pairs (``crossing_pair``)."""
+PAIR_CHEAP_S_PER_SAMPLE = 0.0025
+"""CPU seconds a crossing pair's cheap sample costs (a 160 px JPEG on the measured node)."""
+
+
+def crossing_pair(need_cores: float, factor: float, duration_s: float = 80.0) -> list[SimJob]:
+    """Two 1-GPU jobs for the measured 2-core node whose phases cross half-way through their
+    runs: one cheap then ``factor`` times dearer, the other the reverse, the same M; in its
+    cheap phase a job needs ``need_cores`` at full speed. Both are CPU-bound in both phases and
+    the job worth more per core swaps at the change, so no static split serves both halves:
+    the case where following phases pays most. The seeded crossing mixes, whose jobs change
+    at different times and are often fed in one phase, gain little from it."""
+    m = need_cores / PAIR_CHEAP_S_PER_SAMPLE
+    change_s = duration_s / 2
+    first, second = (PAIR_CHEAP_S_PER_SAMPLE, factor), (PAIR_CHEAP_S_PER_SAMPLE * factor, 1.0 / factor)
+    return [SimJob(name=f"pair-{need_cores:g}-{factor:g}-{name}", gpus=1, max_throughput=m, cpu_s_per_sample=cost,
+                   samples=m * duration_s, requested_workers=4, startup_s=STARTUP_S, phases=((change_s, then),))
+            for name, (cost, then) in (("cheap-first", first), ("dear-first", second))]
 
 
 def true_model(job: SimJob, age_s: float, node: SimNode) -> JobModel:
@@ -334,6 +358,20 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{high['adaptive_vs_oracle']:.2f}) {med['oracle_phased_vs_oracle']:>6.3f}x "
               f"({low['oracle_phased_vs_oracle']:.2f}-{high['oracle_phased_vs_oracle']:.2f}) {reverts:>10} "
               f"{med['adaptive_vs_static']:>6.3f}x ({low['adaptive_vs_static']:.2f})")
+    pairs = []
+    print("\nCrossing pairs on the measured 2-core node (two 1-GPU jobs, one cheap then dearer, the other the "
+          "reverse, phases at half-way):")
+    print(f"{'need':>5} {'dearer':>6} {'static':>7} {'even':>7} {'oracle':>7} {'phased':>7} {'adapt':>7} "
+          f"{'a/oracle':>8} {'phased/o':>8} {'a/static':>8} {'a/phased':>8}")
+    for need, factor in CROSSING_PAIRS[:1] if args.quick else CROSSING_PAIRS:
+        pair = run_mix(measured_node(args.period, args.settle_period), crossing_pair(need, factor), seed=1,
+                       policies=("static", "even", "adaptive", "oracle", "oracle_phased"))
+        pairs.append({"need_cores": need, "dearer": factor, **pair})
+        busy, ratio = {k: v["gpu_busy"] for k, v in pair["policies"].items()}, pair["ratios"]
+        print(f"{need:>5.1f} {factor:>5.1f}x {busy['static']:>7.3f} {busy['even']:>7.3f} {busy['oracle']:>7.3f} "
+              f"{busy['oracle_phased']:>7.3f} {busy['adaptive']:>7.3f} {ratio['adaptive_vs_oracle']:>7.3f}x "
+              f"{ratio['oracle_phased_vs_oracle']:>7.3f}x {ratio['adaptive_vs_static']:>7.3f}x "
+              f"{ratio['adaptive_vs_oracle_phased']:>7.3f}x")
     check = reality_check(measured_documents(), seeds=1 if args.quick else 3)
     print("\nCheck against the measured 2-core runs (GPU-emulated there, simulated here): adaptive/static, adaptive/even")
     for row in check:
@@ -353,7 +391,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "benchmark": "adloader policies at 8-GPU scale, SIMULATED (bench/sim_node.py drives the real policies)",
         "machine": {"platform": platform.platform(), "python": platform.python_version()},
         "period_s": args.period, "settle_period_s": args.settle_period, "scale": scale, "crossing_phases": crossing,
-        "two_core_phases": two_core, "reality_check": check,
+        "two_core_phases": two_core, "crossing_pairs": pairs, "reality_check": check,
         "random_mix_headroom_vs_static": headroom,
         "reality_check_abs_difference_pct": {"median": statistics.median(differences) if differences else None,
                                              "max": max(differences, default=None)},

@@ -104,6 +104,20 @@ def test_a_two_core_phase_mix_oversubscribes_the_node_and_makes_one_or_two_jobs_
             assert cost in PHASE_COSTS and 0.3 * full_speed_s <= start <= 0.6 * full_speed_s
 
 
+def test_a_crossing_pair_swaps_its_cheap_job_half_way_and_is_cpu_bound_in_both_phases() -> None:
+    from bench.simulate import CROSSING_PAIRS, crossing_pair
+
+    for need, factor in CROSSING_PAIRS:
+        cheap_first, dear_first = crossing_pair(need, factor)
+        assert cheap_first.max_throughput == dear_first.max_throughput and cheap_first.samples == dear_first.samples
+        half_way = cheap_first.samples / cheap_first.max_throughput / 2
+        for age, cheap, dear in ((half_way - 1, cheap_first, dear_first), (half_way + 1, dear_first, cheap_first)):
+            assert dear.cost(age) == pytest.approx(factor * cheap.cost(age))
+            full_speed = cheap.max_throughput
+            assert cheap.cores_for(full_speed, age) == pytest.approx(need, rel=0.02)
+            assert cheap.cores_for(full_speed, age) + dear.cores_for(full_speed, age) > 2  # the node is short
+
+
 def test_more_workers_per_core_make_every_sample_dearer() -> None:
     """A loading-bound job alone on two cores: with 16 workers its samples cost what eight
     workers per core cost (the fitted inflation), with two it delivers two cores' worth."""
