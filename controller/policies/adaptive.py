@@ -21,12 +21,12 @@ run, and each rank they crossed was a re-plan between arrivals and departures
 
 Stability: jobs worth the same per core up to measurement noise are planned as equals
 (:mod:`controller.policies.worth`), and the program keeps each group of them equally busy, so
-they share evenly instead of trading the node back and forth; the finishing order is exact,
-so it still orders jobs whose curves are pooled. The current allocation (``JobView.current``)
-is kept unless a job arrived (or the previous policy set other kinds of limits), or the new one is predicted
-to raise the objective by more than ``gain_threshold`` (10% by default: on a busy
-two-core machine the models of two identical jobs differ by up to ±20%). At the step a
-job's model becomes known (``JobView.newly_modelled``) the bar is ``first_plan_gain``
+they share evenly instead of trading the node back and forth; the finishing order is exact, so
+it still orders jobs whose curves are pooled. The current allocation (``JobView.current``) is
+kept unless a job arrived (or the previous policy set other kinds of limits), or the new one is
+predicted to raise the objective by more than ``gain_threshold`` (10% by default: on a busy
+two-core machine the models of two identical jobs differ by up to ±20%). At the step a job's
+model becomes known (``JobView.newly_modelled``) the bar is ``first_plan_gain``
 (2%): the even share it held was a placeholder, and waiting for 10% let measurement
 noise decide when it got its plan, up to 7.6 s after its first report on the seeded
 random mixes; a plan that gains nothing is still not worth a change (sixteen tiny jobs,

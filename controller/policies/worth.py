@@ -82,12 +82,12 @@ def pool_equal_worth(
     models: Mapping[str, JobModel], worth: Mapping[str, float], weights: Mapping[str, float],
     evidence: Mapping[str, float], widest: float,
 ) -> tuple[dict[str, JobModel], list[list[str]]]:
-    """``models`` pooled for planning with ``weights``, and the groups of equals they were pooled
-    in (for the program to keep equally busy, :func:`controller.policies.lp.solve`): each a job's ``worth`` weight times its
-    finishing-order factor (the order): first the curves of jobs of one shape are made the
-    same, jobs of equal worth weight whose worth per core is the same up to counting noise
-    alone (at most ``widest`` apart: no tolerance, so mature curves are left as measured);
-    then the jobs of about equal worth per core under the whole weight
+    """``models`` pooled for planning with ``weights``, and the groups of equals they were pooled in
+    (for the program to keep equally busy, :func:`controller.policies.lp.solve`): each a job's
+    ``worth`` weight times its finishing-order factor (the order): first the curves of jobs of
+    one shape are made the same, jobs of equal worth weight whose worth per core is the same up
+    to counting noise alone (at most ``widest`` apart: no tolerance, so mature curves are left
+    as measured); then the jobs of about equal worth per core under the whole weight
     (:func:`equal_worth_groups`) are planned with their group's worth. ``widest`` is at most
     the smallest step of the order: of two curves taken for the same, the one behind in order
     is then worth at most as much per core as the one ahead, so serving the one ahead first is
