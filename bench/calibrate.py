@@ -40,10 +40,10 @@ def true_curves(mix: Mix, datasets: dict[str, Path], cache_dir: Path, node: Node
     curves = {}
     for spec in mix.jobs:
         key = f"px{spec.image_px}-b{spec.batch_size}-{'raw' if spec.io_bound else 'jpeg'}"
-        if spec.changes_phase and last_phase:  # probed in its last phase from the start
-            key, spec = f"{key}-phase{spec.phase_cost}", replace(spec, phase_after_s=0.0)
-        elif spec.changes_phase:  # in its first throughout, however soon it would change
-            spec = replace(spec, phase_after_s=None)
+        if spec.changes_phase:  # probed in one phase throughout, however soon it would change
+            cost = spec.phase_cost if last_phase else spec.first_phase_cost
+            spec = replace(spec, phase_after_s=0.0, phase_cost=cost, first_phase_cost=cost)
+            key += f"-phase{cost}" if cost > 1 else ""
         if key not in cache:
             log.info("calibrating %s (%s) alone for about %.0fs", spec.name, key, PROBE_SECONDS)
             cache[key] = probe_cpu_per_sample(spec, datasets[spec.name], node, workdir)

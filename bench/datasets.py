@@ -80,20 +80,20 @@ class JpegFolder(Dataset):
 
 
 class Phased(Dataset):
-    """``dataset`` whose loading cost multiplies by ``cost`` from wall time ``from_wall_s`` on
-    (each sample is loaded ``cost`` times): a job that changes phase mid-run."""
+    """``dataset`` whose samples are each loaded ``first_cost`` times until wall time
+    ``from_wall_s`` and ``cost`` times from then on: a job that changes phase mid-run."""
 
-    def __init__(self, dataset: Dataset, from_wall_s: float, cost: int) -> None:
+    def __init__(self, dataset: Dataset, from_wall_s: float, cost: int, first_cost: int = 1) -> None:
         self.dataset = dataset
         self.from_wall_s = from_wall_s
         self.cost = cost
+        self.first_cost = first_cost
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
 
     def __getitem__(self, index: int):
         item = self.dataset[index]
-        if time.time() >= self.from_wall_s:
-            for _ in range(self.cost - 1):
-                item = self.dataset[index]
+        for _ in range((self.cost if time.time() >= self.from_wall_s else self.first_cost) - 1):
+            item = self.dataset[index]
         return item

@@ -43,6 +43,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--phase-after-s", type=float, default=None,
                         help="change phase this long after the start: each sample is loaded --phase-cost times")
     parser.add_argument("--phase-cost", type=int, default=1)
+    parser.add_argument("--first-phase-cost", type=int, default=1,
+                        help="each sample is loaded this many times until --phase-after-s")
     parser.add_argument("--python-ms-per-batch", type=float, default=0.0,
                         help="pure-Python work per batch in this process before the batch is ready")
     return parser.parse_args(argv)
@@ -64,10 +66,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     started = time.time()
     dataset = build_dataset(args)
-    if args.phase_after_s is not None and args.phase_cost > 1:
+    if args.phase_after_s is not None and max(args.phase_cost, args.first_phase_cost) > 1:
         from bench.datasets import Phased
 
-        dataset = Phased(dataset, from_wall_s=started + args.phase_after_s, cost=args.phase_cost)
+        dataset = Phased(dataset, from_wall_s=started + args.phase_after_s, cost=args.phase_cost,
+                         first_cost=args.first_phase_cost)
     loader = DataLoader(
         dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.num_workers,
         drop_last=len(dataset) >= args.batch_size, persistent_workers=args.num_workers > 0,

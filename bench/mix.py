@@ -10,6 +10,8 @@ The file format (``adloader bench --mix FILE``)::
                "model": str,                       (optional: see bench/model_jobs.py)
                "phase_after_s": float, "phase_cost": int,   (optional: loading cost x phase_cost
                                                     from phase_after_s after the job starts)
+               "first_phase_cost": int,             (optional, 1: loading cost until then; above
+                                                    phase_cost, a job that gets cheaper)
                "python_ms_per_batch": float}]}     (optional: single-threaded Python work per
                                                     batch in the training process, before the
                                                     batch is ready: a loader bound by Python)
@@ -56,14 +58,18 @@ class JobSpec:
     phase_after_s: float | None = None
     """The job changes phase this long after it starts: its loading cost multiplies by ``phase_cost``."""
     phase_cost: int = 1
+    first_phase_cost: int = 1
+    """Its loading cost multiplier before ``phase_after_s`` (a job dear first, then cheaper: an
+    augmentation-heavy warm-up, then a cached or smaller-crop phase)."""
     python_ms_per_batch: float = 0.0
     """Pure-Python work per batch in the training process before the batch is ready (more
     cores or workers do not help: the loader is bound by Python)."""
 
     @property
     def changes_phase(self) -> bool:
-        """The job's loading cost changes mid-run (``phase_after_s``, ``phase_cost``)."""
-        return self.phase_after_s is not None and self.phase_cost > 1
+        """The job's loading cost changes mid-run (``phase_after_s``, ``first_phase_cost`` ->
+        ``phase_cost``)."""
+        return self.phase_after_s is not None and self.phase_cost != self.first_phase_cost
 
     @property
     def max_throughput(self) -> float:
@@ -106,11 +112,13 @@ _JOB_TYPES: dict[str, tuple[type, ...]] = {
     "name": (str,), "gpus": (int,), "batch_size": (int,), "compute_ms_per_batch": (int, float),
     "image_px": (int,), "samples": (int,), "arrival_s": (int, float), "num_workers": (int,), "io_bound": (bool,),
     "model": (str,), "phase_after_s": (int, float), "phase_cost": (int,), "python_ms_per_batch": (int, float),
+    "first_phase_cost": (int,),
 }
 _JOB_RANGES: dict[str, tuple[float, float]] = {
     "gpus": (0, 64), "batch_size": (1, 4096), "compute_ms_per_batch": (0.1, 60_000), "image_px": (16, 4096),
     "samples": (1, 10**9), "arrival_s": (0, 86_400), "num_workers": (0, 64),
     "phase_after_s": (0, 86_400), "phase_cost": (1, 16), "python_ms_per_batch": (0, 60_000),
+    "first_phase_cost": (1, 16),
 }
 
 
@@ -161,7 +169,7 @@ def mix_from_dict(data: Any, where: str = "mix") -> Mix:
     )
 
 
-OPTIONAL = ("io_bound", "model", "phase_after_s", "phase_cost", "python_ms_per_batch")
+OPTIONAL = ("io_bound", "model", "phase_after_s", "phase_cost", "first_phase_cost", "python_ms_per_batch")
 
 
 def _job_problems(raw: dict[str, Any]) -> list[str]:

@@ -227,7 +227,8 @@ def jobs_from_measured_mix(document: Mapping[str, Any]) -> tuple[list[SimJob], S
         elif true:
             p = true.get("cpu_s_per_sample") or 1.0 / true["loading_curve"][0][1]
         else:
-            p = RAW_READ_COST_S if spec.get("io_bound") else jpeg_cost_s(spec["image_px"])
+            p = (RAW_READ_COST_S if spec.get("io_bound") else jpeg_cost_s(spec["image_px"])) * spec.get(
+                "first_phase_cost", 1)
         phase_after = spec.get("phase_after_s")
         python_s = float(spec.get("python_ms_per_batch") or 0.0) / 1000.0
         jobs.append(SimJob(name=spec["name"], gpus=spec["gpus"], max_throughput=m, cpu_s_per_sample=p,
@@ -235,7 +236,8 @@ def jobs_from_measured_mix(document: Mapping[str, Any]) -> tuple[list[SimJob], S
                            requested_workers=int(spec["num_workers"]), batch_size=int(spec["batch_size"]),
                            bytes_per_sample=b, concavity=0.0, startup_s=STARTUP_S,
                            oversubscription_cost=oversubscription_cost(spec),
-                           phases=((float(phase_after), float(spec.get("phase_cost", 1))),)
+                           phases=((float(phase_after), float(spec.get("phase_cost", 1))
+                                    / float(spec.get("first_phase_cost", 1))),)
                            if phase_after is not None else (),
                            # Python work in the training loop, between a batch and its step: never more
                            # than a batch per (that work + the step), whatever the loader's cores

@@ -179,8 +179,9 @@ def job_command(spec: JobSpec, dataset: Path, timeline: Path, features: Path | N
     ]
     if spec.io_bound:
         command.append("--io-bound")
-    if spec.phase_after_s is not None and spec.phase_cost > 1:
-        command += ["--phase-after-s", str(spec.phase_after_s), "--phase-cost", str(spec.phase_cost)]
+    if spec.phase_after_s is not None and max(spec.phase_cost, spec.first_phase_cost) > 1:
+        command += ["--phase-after-s", str(spec.phase_after_s), "--phase-cost", str(spec.phase_cost),
+                    "--first-phase-cost", str(spec.first_phase_cost)]
     if spec.python_ms_per_batch > 0:
         command += ["--python-ms-per-batch", str(spec.python_ms_per_batch)]
     return command

@@ -80,6 +80,37 @@ def test_the_job_command_runs_bench_job_through_adloader_run() -> None:
     assert tail[1:3] == ["-m", "bench.job"] and "--io-bound" in tail
 
 
+def test_a_job_dear_first_then_cheaper_changes_phase_and_loads_each_sample_as_its_phase_says() -> None:
+    import time
+
+    from bench.datasets import Phased
+
+    spec = JobSpec(**{**GOOD_JOB, "phase_after_s": 10.0, "phase_cost": 1, "first_phase_cost": 3})
+    assert spec.changes_phase and not JobSpec(**{**GOOD_JOB, "phase_after_s": 10.0, "phase_cost": 2,
+                                                 "first_phase_cost": 2}).changes_phase
+    tail = job_command(spec, Path("/data"), Path("/t.json"))
+    assert tail[tail.index("--first-phase-cost") + 1] == "3" and tail[tail.index("--phase-cost") + 1] == "1"
+    loads: list[int] = []
+
+    class Counted:
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, index: int) -> int:
+            loads.append(index)
+            return index
+
+    for from_wall_s, expected in ((time.time() + 3600, 3), (time.time() - 1, 1)):
+        loads.clear()
+        assert Phased(Counted(), from_wall_s=from_wall_s, cost=1, first_cost=3)[2] == 2
+        assert loads == [2] * expected
+
+
+def test_first_phase_cost_is_validated_like_phase_cost() -> None:
+    with pytest.raises(MixError, match="first_phase_cost"):
+        mix_from_dict({"jobs": [{**GOOD_JOB, "phase_after_s": 1.0, "first_phase_cost": 0}]})
+
+
 # ---------------------------------------------------------------- scoring
 
 
