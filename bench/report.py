@@ -9,7 +9,7 @@ Per run (all numbers GPU-emulated: a job's GPU step is a sleep):
 - ``mean_jct_s``: mean of (exit − arrival) over jobs;
 - ``controller_cpu_pct``: the controller's CPU time / run wall time, % of one core;
 - ``settle_s``: after each event (a job registers, a job's first report arrives, a job
-  departs), how long until no job's allocation moved any more before the next event: its
+  departs, a job of the mix changes phase), how long until no job's allocation moved any more before the next event: its
   workers, its quota or its CPU weight (by more than 0.05 cores, a weight of 100 being
   one core; "none" counts as a value); the largest is reported. A change is charged to
   the latest event before it: the even share a registering job gets is its registration's,
@@ -94,15 +94,21 @@ def score_run(run: RunOutcome) -> dict[str, Any]:
 
 def settle_times(run: RunOutcome) -> list[float]:
     """For each event seen in the status samples (a job registers, reports first, or
-    departs), seconds until the allocation stopped moving (every job's limits within the
-    tolerances of ``_moved`` of their values before the next event). Registration and first
-    report are separate events: counted from the first report alone, the even share given to
-    a job registering in the meantime was charged to an earlier arrival (seeded random mix 5's
-    9.6 s was the even share of a job registering 9.6 s after the first one reported)."""
+    departs) and each phase change of a job of the mix, seconds until the allocation stopped
+    moving (every job's limits within the tolerances of ``_moved`` of their values before the
+    next event). Registration and first report are separate events: counted from the first
+    report alone, the even share given to a job registering in the meantime was charged to an
+    earlier arrival (seeded random mix 5's 9.6 s was the even share of a job registering 9.6 s
+    after the first one reported). A phase change is one too: the plan that follows it is
+    its settling, not the arrival's (on crossing_pair_sharp the swap 11 s after the phases
+    crossed was charged to the arrival, 35 s before)."""
     samples = [(t, {name: (f.get("cores"), f.get("workers"), f.get("cpu_weight")) for name, f in jobs.items()},
                 frozenset((name, f.get("state", "running")) for name, f in jobs.items()))
                for t, jobs in run.samples]
-    events = [i for i in range(1, len(samples)) if samples[i][2] != samples[i - 1][2]]
+    changes = {i for i in range(1, len(samples)) if samples[i][2] != samples[i - 1][2]}
+    for phase_s in phase_changes_s(run):
+        changes.update(i for i in range(1, len(samples)) if samples[i - 1][0] < phase_s <= samples[i][0])
+    events = sorted(changes)
     result = []
     for n, index in enumerate(events):
         end = events[n + 1] if n + 1 < len(events) else len(samples)
@@ -116,6 +122,17 @@ def settle_times(run: RunOutcome) -> list[float]:
         settled_at = window[differed[-1] + 1][0] if differed else window[0][0]
         result.append(round(settled_at - window[0][0], 3))
     return result
+
+
+def phase_changes_s(run: RunOutcome) -> list[float]:
+    """Seconds after the run's start at which its jobs changed phase: each such job's process
+    start plus its ``phase_after_s`` (bench/job.py times the phase from there)."""
+    return sorted(
+        outcome.timeline["process_start"] - run.started_at + outcome.spec.phase_after_s
+        for outcome in run.jobs
+        if outcome.spec.changes_phase and outcome.spec.phase_after_s is not None
+        and outcome.timeline and outcome.timeline.get("process_start") is not None
+    )
 
 
 def changes_per_job_minute(samples: Sequence[tuple[float, dict[str, tuple]]]) -> float:

@@ -10,7 +10,9 @@ import pytest
 from bench.mix import DEFAULT_MIX, MIXES_DIR, PREDICTION_MIX, JobSpec, MixError, load_mix, mix_from_dict, random_mix
 from bench.model_jobs import check_models, corpus_point, write_features
 from bench.prediction_start import first_window_idle
-from bench.report import PlotUnavailable, busy_series, plot, ratios, score_run, settle_times, summarise, table
+from bench.report import (
+    PlotUnavailable, busy_series, phase_changes_s, plot, ratios, score_run, settle_times, summarise, table,
+)
 from bench.runner import JobOutcome, RunOutcome, job_command
 
 GOOD_JOB = {
@@ -170,6 +172,22 @@ def test_a_registering_job_is_an_event_of_its_own() -> None:
     run = RunOutcome(policy="adaptive", repeat=0, started_at=0.0, jobs=[], controller_cpu_s=0.0, wall_s=9.0,
                      samples=[(0.0, {})] + samples)
     assert settle_times(run) == [0.0, 0.0, 0.5]
+
+
+def test_a_phase_change_is_an_event_of_its_own() -> None:
+    # a changes phase 5 s after its process started (at 1 s): the plan that follows it at 7 s
+    # is the phase's settling, not the arrival's (settled at once); counted, as every event is,
+    # from the first status sample that could show it (6.5 s)
+    spec = JobSpec(name="a", gpus=1, batch_size=32, compute_ms_per_batch=50.0, image_px=64, samples=320,
+                   arrival_s=0.0, num_workers=2, phase_after_s=5.0, phase_cost=2)
+    a = JobOutcome(spec=spec, launched_s=0.5, ended_s=9.0, exit_code=0, timeline={"process_start": 101.0})
+    before, after = {"cpu_weight": 100, "state": "running"}, {"cpu_weight": 1100, "state": "running"}
+    samples = [(0.0, {}), (1.0, {"a": before}), (4.0, {"a": before}), (6.5, {"a": before}), (7.0, {"a": after}),
+               (9.0, {"a": after})]
+    run = RunOutcome(policy="adaptive", repeat=0, started_at=100.0, jobs=[a], controller_cpu_s=0.0, wall_s=9.0,
+                     samples=samples)
+    assert phase_changes_s(run) == [6.0]
+    assert settle_times(run) == [0.0, 0.5]
 
 
 def test_busy_series_follows_the_compute_intervals() -> None:

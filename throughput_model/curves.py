@@ -25,8 +25,7 @@ watches for a change point: when the last CHANGE_WINDOWS windows all measured a 
 more than CHANGE_RATIO away from the fit over the windows before them, all on the same
 side, those earlier windows describe a job that no longer exists and are dropped. Noise
 rarely does that: a window's rate is off by ±20% on a busy node, and a run of windows all
-beyond 1.5x on one side is what a phase does (``phase_changes`` counts them). A cheaper
-phase, and a dearer one counted in many batches, needs only FAST_CHANGE_WINDOWS.
+beyond 1.5x on one side is what a phase does (``phase_changes`` counts them).
 
 Pure numpy/scipy and the standard library: this package imports no other package of ours.
 """
@@ -52,21 +51,6 @@ The registry's windows overlap (five seconds, one per one-second period): 16 of 
 about three independent ones, so a doubled loading cost is followed about 20 s after it
 happens instead of 35 s and more. With 8, jobs counting one or two whole batches per window
 were seen to 'change phase' by chance in the simulator (45 times in 12 mixes; 3 with 16)."""
-FAST_CHANGE_WINDOWS = 8
-"""Windows enough for a change point to a cheaper phase, or to a dearer one where the job's
-windows count many batches (FAST_CHANGE_BATCHES). The two errors are not alike. A job wrongly
-seen cheaper is planned more cores, counts more batches, and a dearer change point on them
-soon brings its cost back. A job wrongly seen dearer is planned fewer, counts fewer, and keeps
-the error: so a dearer phase counted in few batches still needs CHANGE_WINDOWS. A starved job
-whose phase gets cheaper counts about one batch a step: with 16 windows its change went
-unseen until the median followed (simulated crossing pairs: 0.90-0.95 of the phased bound,
-0.97x static on two of four); with 8 it is followed about 8 s sooner (0.94-0.97, at least
-0.997x static). The cost: steady jobs at 8-GPU scale were seen cheaper by chance 15 times in
-150 (3 with 16); the scale rows' medians held but one (64 cores, 16 jobs: 1.164 -> 1.151x even),
-and the worst of the 2-core phase mixes went 0.873 -> 0.852x the oracle (3 jobs)."""
-FAST_CHANGE_BATCHES = 64.0
-"""Batches the steps of the last FAST_CHANGE_WINDOWS windows must have delivered, every one
-of them counted, for a change point to a dearer phase to need only that many windows."""
 CHANGE_RATIO = 1.5
 """How far (either way, as a factor of samples per core-second) a window must lie from the
 curve to count as disagreeing. Twice and half the cost are found once most of a window holds
@@ -127,22 +111,10 @@ class LoadingCurveEstimator:
             self._fitted = None
             self._observations.append((float(cores_used), float(samples_per_s)))
             self._batches.append(new_batches)
-            windows = self._change_point()
-            if windows:
-                _keep_last(self._observations, windows)
-                _keep_last(self._batches, windows)
+            if changed_phase(self._observations, self._resolution):
+                _keep_last(self._observations, CHANGE_WINDOWS)
+                _keep_last(self._batches, CHANGE_WINDOWS)
                 self.phase_changes += 1
-
-    def _change_point(self) -> int:
-        """How many of the last windows make a new phase (0: no change point): FAST_CHANGE_WINDOWS
-        when they show a cheaper phase, or a dearer one counted in FAST_CHANGE_BATCHES batches
-        or more; else CHANGE_WINDOWS when those show either."""
-        recent = list(self._batches)[-FAST_CHANGE_WINDOWS:]
-        counted = len(recent) == FAST_CHANGE_WINDOWS and all(b is not None for b in recent)
-        well_counted = counted and sum(b for b in recent if b is not None) >= FAST_CHANGE_BATCHES
-        if changed_phase(self._observations, self._resolution, FAST_CHANGE_WINDOWS, cheaper_only=not well_counted):
-            return FAST_CHANGE_WINDOWS
-        return CHANGE_WINDOWS if changed_phase(self._observations, self._resolution) else 0
 
     @property
     def observations(self) -> int:
@@ -206,23 +178,21 @@ def fit_loading_curve(observations: Iterable[Point], resolution_cores: float = 0
     return ((cores, cores * rate),)
 
 
-def changed_phase(observations: Sequence[Point], resolution_cores: float = 0.05, windows: int = CHANGE_WINDOWS,
-                  cheaper_only: bool = False) -> bool:
-    """True when the last ``windows`` of ``observations`` all lie more than CHANGE_RATIO
-    from the curve fitted to the windows before them (at least as many), on the same side
-    (``cheaper_only``: above it): a change point. A window that delivered nothing is no
-    evidence of a new phase."""
-    if len(observations) < 2 * windows:
+def changed_phase(observations: Sequence[Point], resolution_cores: float = 0.05) -> bool:
+    """True when the last CHANGE_WINDOWS of ``observations`` all lie more than CHANGE_RATIO
+    from the curve fitted to the windows before them (at least as many), on the same side:
+    a change point. A window that delivered nothing is no evidence of a new phase."""
+    if len(observations) < 2 * CHANGE_WINDOWS:
         return False
     points = list(observations)
-    earlier = fit_loading_curve(points[:-windows], resolution_cores)
+    earlier = fit_loading_curve(points[:-CHANGE_WINDOWS], resolution_cores)
     if not earlier or earlier[0][1] <= 0:
         return False
     rate = earlier[0][1] / earlier[0][0]
-    ratios = [s / (c * rate) for c, s in points[-windows:]]
+    ratios = [s / (c * rate) for c, s in points[-CHANGE_WINDOWS:]]
     if any(r <= 0 for r in ratios):
         return False
-    return all(r > CHANGE_RATIO for r in ratios) or (not cheaper_only and all(r < 1.0 / CHANGE_RATIO for r in ratios))
+    return all(r > CHANGE_RATIO for r in ratios) or all(r < 1.0 / CHANGE_RATIO for r in ratios)
 
 
 def _bins(observations: Iterable[Point], resolution_cores: float) -> list[tuple[int, list[Point]]]:
