@@ -9,11 +9,13 @@ Per run (all numbers GPU-emulated: a job's GPU step is a sleep):
 - ``mean_jct_s``: mean of (exit − arrival) over jobs;
 - ``controller_cpu_pct``: the controller's CPU time / run wall time, % of one core;
 - ``settle_s``: after each event (a job registers, a job's first report arrives, a job
-  departs, a job of the mix changes phase), how long until no job's allocation moved any more before the next event: its
+  departs), how long until no job's allocation moved any more before the next event: its
   workers, its quota or its CPU weight (by more than 0.05 cores, a weight of 100 being
   one core; "none" counts as a value); the largest is reported. A change is charged to
   the latest event before it: the even share a registering job gets is its registration's,
   not the previous arrival's;
+- ``phase_settle_s``: the same after each phase change of a job of the mix (None: no job
+  changes phase); a phase change ends the settling of the event before it;
 - ``changes_per_job_minute``: how often a job's quota, CPU weight or workers changed
   (after its first allocation), per minute of job lifetime, summed over jobs.
 
@@ -72,7 +74,7 @@ def score_run(run: RunOutcome) -> dict[str, Any]:
             "startup_s": _startup_s(timeline),
         }
     makespan = max((o.ended_s or 0.0) for o in run.jobs) - min(o.spec.arrival_s for o in run.jobs)
-    settle = settle_times(run)
+    settle, phase_settle = settle_times(run), settle_times(run, after_phases=True)
     return {
         "gpu_busy": weighted_busy / weighted_wall if weighted_wall > 0 else 0.0,
         "samples_per_s": total_samples / makespan if makespan > 0 else 0.0,
@@ -81,6 +83,7 @@ def score_run(run: RunOutcome) -> dict[str, Any]:
         "controller_cpu_pct": 100.0 * run.controller_cpu_s / run.wall_s if run.wall_s > 0 else 0.0,
         "settle_s": max(settle) if settle else 0.0,
         "settle_events_s": settle,
+        "phase_settle_s": max(phase_settle) if phase_settle else None,
         "changes_per_job_minute": changes_per_job_minute(
             [(t, {name: (f.get("cores"), f.get("cpu_weight"), f.get("workers")) for name, f in js.items()})
              for t, js in run.samples]),
@@ -92,25 +95,29 @@ def score_run(run: RunOutcome) -> dict[str, Any]:
     }
 
 
-def settle_times(run: RunOutcome) -> list[float]:
+def settle_times(run: RunOutcome, after_phases: bool = False) -> list[float]:
     """For each event seen in the status samples (a job registers, reports first, or
-    departs) and each phase change of a job of the mix, seconds until the allocation stopped
-    moving (every job's limits within the tolerances of ``_moved`` of their values before the
-    next event). Registration and first report are separate events: counted from the first
-    report alone, the even share given to a job registering in the meantime was charged to an
-    earlier arrival (seeded random mix 5's 9.6 s was the even share of a job registering 9.6 s
-    after the first one reported). A phase change is one too: the plan that follows it is
-    its settling, not the arrival's (on crossing_pair_sharp the swap 11 s after the phases
-    crossed was charged to the arrival, 35 s before)."""
+    departs), seconds until the allocation stopped moving (every job's limits within the
+    tolerances of ``_moved`` of their values before the next event); ``after_phases``: for
+    each phase change of a job of the mix instead. Registration and first report are
+    separate events: counted from the first report alone, the even share given to a job
+    registering in the meantime was charged to an earlier arrival (seeded random mix 5's
+    9.6 s was the even share of a job registering 9.6 s after the first one reported). A phase
+    change ends the settling of the event before it: the plan that follows a phase is not the
+    arrival's (on crossing_pair_sharp the swap 19 s after the phases crossed was charged to the
+    jobs' first reports, 40 s before)."""
     samples = [(t, {name: (f.get("cores"), f.get("workers"), f.get("cpu_weight")) for name, f in jobs.items()},
                 frozenset((name, f.get("state", "running")) for name, f in jobs.items()))
                for t, jobs in run.samples]
-    changes = {i for i in range(1, len(samples)) if samples[i][2] != samples[i - 1][2]}
-    for phase_s in phase_changes_s(run):
-        changes.update(i for i in range(1, len(samples)) if samples[i - 1][0] < phase_s <= samples[i][0])
-    events = sorted(changes)
+    job_set = {i for i in range(1, len(samples)) if samples[i][2] != samples[i - 1][2]}
+    phases = {i for phase_s in phase_changes_s(run) for i in range(1, len(samples))
+              if samples[i - 1][0] < phase_s <= samples[i][0]}
+    events = sorted(job_set | phases)
+    counted = phases if after_phases else job_set
     result = []
     for n, index in enumerate(events):
+        if index not in counted:
+            continue
         end = events[n + 1] if n + 1 < len(events) else len(samples)
         window = samples[index:end]
         if not window or not window[0][1]:
@@ -166,13 +173,16 @@ def _moved(value: Given | None, final: Given) -> bool:
 
 
 def summarise(runs: Iterable[RunOutcome]) -> dict[str, dict[str, Any]]:
-    """Per policy: the median of each metric over repeats, and every repeat's scores."""
+    """Per policy: the median of each metric over repeats (of ``phase_settle_s``, over the
+    repeats that had a phase change), and every repeat's scores."""
     by_policy: dict[str, list[dict[str, Any]]] = {}
     for run in runs:
         by_policy.setdefault(run.policy, []).append(score_run(run))
     summary = {}
     for policy, scores in by_policy.items():
         entry: dict[str, Any] = {m: statistics.median(s[m] for s in scores) for m in METRICS}
+        phase_settles = [s["phase_settle_s"] for s in scores if s["phase_settle_s"] is not None]
+        entry["phase_settle_s"] = statistics.median(phase_settles) if phase_settles else None
         entry["repeats"] = scores
         summary[policy] = entry
     return summary

@@ -187,7 +187,9 @@ def test_a_phase_change_is_an_event_of_its_own() -> None:
     run = RunOutcome(policy="adaptive", repeat=0, started_at=100.0, jobs=[a], controller_cpu_s=0.0, wall_s=9.0,
                      samples=samples)
     assert phase_changes_s(run) == [6.0]
-    assert settle_times(run) == [0.0, 0.5]
+    assert settle_times(run) == [0.0]
+    assert settle_times(run, after_phases=True) == [0.5]
+    assert score_run(run)["phase_settle_s"] == 0.5
 
 
 def test_busy_series_follows_the_compute_intervals() -> None:
