@@ -304,6 +304,8 @@ def _view(job: _Live, applied: dict[str, JobAllocation]) -> JobView:
         curve_batches=job.estimator.evidence_batches,
         achieved=samples / span if len(job.window) >= 2 else None, batch_size=spec.batch_size,
         steady_workers=counts.pop() if len(job.window) >= 2 and len(counts) == 1 else None,
+        cores_used=cpu / span if len(job.window) >= 2 and span > 0 else None,
+        window_batches=samples / spec.batch_size if len(job.window) >= 2 else None,
         remaining_samples=max(0.0, spec.samples - job.done),  # declared, as `adloader run --samples` does
         length_samples=spec.samples,
         current=applied.get(job.job_id, JobAllocation()),

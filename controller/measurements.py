@@ -43,6 +43,8 @@ class Rates:
     bytes_per_sample: float | None = None
     loader_cores: float | None = None
     """Cores the loader workers used: d(worker_cpu_s)/dt."""
+    batches: float | None = None
+    """Batches the ranks delivered over the window: the rates are counted in them."""
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,7 @@ class Measurement:
 
 def window_rates(ranks: Mapping[int, RankWindow], now: float, window_s: float) -> Rates:
     """Windowed rates summed over the ranks that reported at least twice in the window."""
-    samples = wait = compute = cpu = read = achieved = max_tp = loader_cores = 0.0
+    samples = wait = compute = cpu = read = achieved = max_tp = loader_cores = batches = 0.0
     have_tp = have_any = False
     for window in ranks.values():
         points = [(t, r) for t, r in window if t >= now - window_s]
@@ -81,6 +83,7 @@ def window_rates(ranks: Mapping[int, RankWindow], now: float, window_s: float) -
         d_samples = last.samples - first.samples
         d_compute = last.compute_s - first.compute_s
         samples += d_samples
+        batches += last.batches - first.batches
         wait += last.data_wait_s - first.data_wait_s
         compute += d_compute
         cpu += last.worker_cpu_s - first.worker_cpu_s
@@ -101,6 +104,7 @@ def window_rates(ranks: Mapping[int, RankWindow], now: float, window_s: float) -
         cpu_s_per_sample=cpu / samples if samples > 0 else None,
         bytes_per_sample=read / samples if samples > 0 else None,
         loader_cores=loader_cores if loader_cores > 0 else None,
+        batches=batches,
     )
 
 

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from controller.policies.base import JobAllocation, JobView, NodeResources
+from controller.policies.outgrown import followed
 from controller.policies.shares import model_of, predicted_busy
 
 log = logging.getLogger(__name__)
@@ -206,9 +207,10 @@ class SafetyNet:
 def _planned_rates(node: NodeResources, views: Sequence[JobView], allocation: Mapping[str, JobAllocation]
                    ) -> dict[str, float]:
     """Samples/s each modelled job's model predicts under ``allocation`` (jobs the allocation
-    does not name keep what they have)."""
+    does not name keep what they have); a job that has outgrown its model is judged by the
+    dearer model its plan was made with (controller/policies/outgrown.py)."""
     full = {view.job_id: allocation.get(view.job_id, view.current) for view in views}
-    models = {view.job_id: model for view in views if (model := model_of(view)) is not None}
+    models = {view.job_id: followed(view, model) for view in views if (model := model_of(view)) is not None}
     return {job_id: busy * models[job_id].max_throughput
             for job_id, busy in predicted_busy(node, views, models, full).items()}
 

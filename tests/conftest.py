@@ -100,13 +100,13 @@ TIERS: dict[str, tuple[str, ...]] = {
     "pure": (
         "test_protocol", "test_cpuspec", "test_curves", "test_curve_phases", "test_simulator", "test_policies", "test_policies_properties", "test_bench_mix",
         "test_registry", "test_registry_policy_inputs", "test_worker_memory_reads", "test_placement", "test_safety_net", "test_flapping", "test_change_rate",
-        "test_completion_check",
+        "test_completion_check", "test_outgrown",
         "test_history", "test_peer", "test_throughput_model_features", "test_throughput_model_fit",
     ),
     "in_process": ("test_backend_v2", "test_layouts_v2", "test_metrics", "test_controller_in_process"),
     "real_cgroups": (
         "test_backends_v1", "test_loop", "test_reconciler", "test_cpu_weight", "test_layouts_v1", "test_backend_detect",
-        "test_state", "test_worker_memory", "test_backend_affinity",
+        "test_state", "test_worker_memory", "test_backend_affinity", "test_trainer_stall",
     ),
     "end_to_end": (
         "test_controller_e2e", "test_controller_lifecycle", "test_server", "test_launcher", "test_status", "test_authz",

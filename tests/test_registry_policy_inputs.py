@@ -90,3 +90,23 @@ def test_the_policy_is_told_the_worker_count_a_window_was_measured_at_and_not_a_
         report(1, 3)
     registry.measure()
     assert registry.views({})[0].steady_workers == 3
+
+
+
+def test_the_policy_is_told_the_batches_and_cores_of_the_window_its_rates_were_counted_in() -> None:
+    """A job that has outgrown its model is read from its window's cores against its rate, and
+    trusted only as far as the batches it counted (controller/policies/outgrown.py)."""
+    clock = [100.0]
+    registry = Registry(window_s=5.0, clock=lambda: clock[0], wall_clock=lambda: 1.7e9)
+    registry.register("j1", name="bert", uid=0, gpus=2, launcher_pid=1, cgroup="/cg/j1")
+    for step in range(12):  # rank 0: 2 batches and half a core a second; rank 1: 1 and a quarter
+        for rank, per_s, cores in ((0, 2, 0.5), (1, 1, 0.25)):
+            registry.record_report("j1", protocol.Report(
+                job_id="j1", rank=rank, world_size=2, batch_size=32, samples=32 * per_s * step,
+                batches=per_s * step, worker_cpu_s=cores * step))
+        clock[0] += 1.0
+    registry.measure()
+    (view,) = registry.views({})
+    # the 5 s window holds the reports of seconds 107-111: four seconds of both ranks
+    assert view.window_batches == pytest.approx(3 * 4)
+    assert view.cores_used == pytest.approx(0.75)  # no group CPU accounted: the workers' own

@@ -55,6 +55,7 @@ from typing import Mapping, Sequence
 from controller.policies import lp
 from controller.policies.base import Allocation, JobAllocation, JobView, NodeResources
 from controller.policies.completion import weighted_completion_s
+from controller.policies.outgrown import followed, outgrowth
 from controller.policies.ranks import at_node_rate, ranks_behind, run_lengths, unknown_as_longest
 from controller.policies.worth import alike_curves, counted_batches, pool_equal_worth, young_curve
 from controller.policies.shares import (
@@ -75,6 +76,10 @@ log = logging.getLogger(__name__)
 FINISH_FACTOR = 2.0
 """How many times the busy fraction of a job no other job is clearly shorter than, per GPU,
 outweighs that of one behind (see the module docstring). One step, not one per rank."""
+
+EQUALS_APART = 0.3
+"""Busy fractions further apart than this, within a group of jobs worth the same that a job
+has just outgrown its model into, are evened out whatever the gain (``_evens_outgrown``)."""
 
 STARVED = 0.5
 """A plan that cuts a job's predicted busy fraction below this fraction of what the current
@@ -104,6 +109,8 @@ class AdaptivePolicy:
         self._held_back: tuple[str, ...] = ()
         """The jobs the last completion check kept a plan from starving (so its reason is logged
         once at INFO, not at every step it holds)."""
+        self._outgrown: frozenset[str] = frozenset()
+        """The jobs last planned dearer than their curves (so each is logged once at INFO)."""
 
     def weights(self, node: NodeResources, jobs: Sequence[JobView], models: Mapping[str, JobModel]
                 ) -> dict[str, float]:
@@ -135,7 +142,8 @@ class AdaptivePolicy:
         if not jobs:
             return {}
         jobs = sorted(jobs, key=lambda j: j.job_id)
-        measured = {job.job_id: model for job in jobs if (model := measured_model(job)) is not None}
+        measured = self._followed({job.job_id: model for job in jobs if (model := measured_model(job)) is not None},
+                                  jobs)
         worth, order = self.weighing(node, jobs, measured)
         weights = _times(worth, order)
         models, equals = pool_equal_worth(measured, worth, weights, counted_batches(jobs), widest=FINISH_FACTOR)
@@ -221,11 +229,13 @@ class AdaptivePolicy:
         now = predicted_objective(node, jobs, models, weights, current)
         gain = predicted_objective(node, jobs, models, weights, target) - now
         threshold = self.first_plan_gain if _plan_anew(jobs) else self.gain_threshold
-        if gain <= now * threshold + 1e-9:
+        evens = self._evens_outgrown(node, jobs, models, current, target, equals)
+        if gain <= now * threshold + 1e-9 and not evens:
             return True
         if self._too_soon(jobs, target) and gain <= now * self.urgent_gain + 1e-9:
             return True
-        return self._finishes_later(node, jobs, models, current, target, gain / max(now, 1e-12), equals)
+        return self._finishes_later(node, jobs, models, current, target, gain / max(now, 1e-12), equals,
+                                    cut_below=1.0 if evens and gain <= now * threshold + 1e-9 else STARVED)
 
     def _finishes_later(
         self,
@@ -236,10 +246,12 @@ class AdaptivePolicy:
         target: Allocation,
         rate_gain: float,
         equals: Sequence[Sequence[str]],
+        cut_below: float = STARVED,
     ) -> bool:
-        """True when the target starves a job (its predicted busy below ``STARVED`` of what it
-        has now) and is predicted to finish the jobs later, GPU-weighted, than keeping the
-        current allocation until the next departure (each course planned anew after every
+        """True when the target cuts a job's predicted busy below ``cut_below`` of what it has
+        now (``STARVED``; any cut for a plan that only evens out an outgrown group, which gains
+        nothing by itself) and is predicted to finish the jobs later, GPU-weighted, than keeping
+        the current allocation until the next departure (each course planned anew after every
         departure). False when a job's model was just learned (what it holds is a placeholder)
         or a job's remaining samples are not known. Runs only where a plan passed the gain
         thresholds, so the busy fractions are predicted here, apart from the objective's."""
@@ -248,7 +260,7 @@ class AdaptivePolicy:
         before = predicted_busy(node, jobs, models, current)
         after = predicted_busy(node, jobs, models, target)
         starved = tuple(job.name for job in jobs if job.job_id in after
-                        and after[job.job_id] < STARVED * before[job.job_id])
+                        and after[job.job_id] < cut_below * before[job.job_id] * (1 - 1e-9))
         if not starved:
             return False
 
@@ -261,12 +273,56 @@ class AdaptivePolicy:
             return False
         log.log(
             logging.DEBUG if starved == self._held_back else logging.INFO,
-            "%s: keeps the current allocation: the plan would starve %s for %+.0f%% of predicted rate, "
+            "%s: keeps the current allocation: the plan would %s %s for %+.0f%% of predicted rate, "
             "but finish the jobs %.0f%% later, GPU-weighted (%.0f against %.0f GPU-seconds)",
-            self.name, ", ".join(starved), 100 * rate_gain, 100 * (planned / kept - 1), planned, kept,
+            self.name, "starve" if cut_below <= STARVED else "cut", ", ".join(starved), 100 * rate_gain, 100 * (planned / kept - 1), planned, kept,
         )
         self._held_back = starved
         return True
+
+    def _followed(self, models: Mapping[str, JobModel], jobs: Sequence[JobView]) -> dict[str, JobModel]:
+        """Each model, made dearer where its job has outgrown it (controller/policies/outgrown.py);
+        logs each job newly seen outgrowing its model once at INFO, with by how much."""
+        result: dict[str, JobModel] = {}
+        for job in jobs:
+            if (model := models.get(job.job_id)) is None:
+                continue
+            result[job.job_id] = followed(job, model)
+            if result[job.job_id] is not model and job.job_id not in self._outgrown:
+                log.info("%s: %s used %.2f cores for %.0f samples/s, where its loading curve plans %.2f: "
+                         "planned %.2fx dearer until its curve follows", self.name, job.name, job.cores_used,
+                         job.achieved, model.cores_for(job.achieved or 0.0), outgrowth(job, model))
+        self._outgrown = frozenset(job_id for job_id, model in result.items() if model is not models[job_id])
+        return result
+
+    def _evens_outgrown(
+        self,
+        node: NodeResources,
+        jobs: Sequence[JobView],
+        models: Mapping[str, JobModel],
+        current: Allocation,
+        target: Allocation,
+        equals: Sequence[Sequence[str]],
+    ) -> bool:
+        """True when a job has outgrown its model (controller/policies/outgrown.py) into a group
+        of jobs worth the same, which the current allocation keeps clearly apart in busy
+        fraction (by more than ``EQUALS_APART``) and the target evens out. Worth the same
+        per core, the two allocations score alike, so the gain threshold alone would keep the
+        job that got dearer on the satisfied weight it held: on the simulated crossing pairs it
+        took 1.95 of 2 cores while its neighbour, cheaper now but starved, counted too few
+        batches for its curve to follow."""
+        groups = [group for group in equals if self._outgrown & set(group)]
+        if not groups:
+            return False
+        before = predicted_busy(node, jobs, models, current)
+        after = predicted_busy(node, jobs, models, target)
+
+        def spread_of(busy: Mapping[str, float], group: Sequence[str]) -> float:
+            values = [busy[job_id] for job_id in group if job_id in busy]
+            return max(values) - min(values) if values else 0.0
+
+        return any(spread_of(before, group) > EQUALS_APART and spread_of(after, group) < spread_of(before, group) / 2
+                   for group in groups)
 
     def _too_soon(self, jobs: Sequence[JobView], target: Allocation) -> bool:
         """True when the node has settled and a job the target would change got its current
@@ -278,6 +334,8 @@ class AdaptivePolicy:
         only on an urgent gain."""
         if any(job.since_event_s is None or job.since_event_s < self.settle_s or young_curve(job) for job in jobs):
             return False
+        if self._outgrown:
+            return False  # a job's load has just changed: the node is not under steady load
         return any(
             job.allocation_age_s is not None and job.allocation_age_s < self.min_change_interval_s
             for job in jobs

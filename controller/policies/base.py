@@ -89,6 +89,12 @@ class JobView:
     steady_workers: int | None = None
     """Loader workers per rank the job ran throughout that window (its rates were measured at
     this count); None: the count changed inside it, or is not known."""
+    cores_used: float | None = None
+    """Cores the job's group used over that window (its loader workers' where the group's CPU
+    time is not accounted); None: not measured yet."""
+    window_batches: float | None = None
+    """Batches the job delivered over that window: ``achieved`` is counted in them, so its
+    relative noise is about 1/sqrt(window_batches). None: not counted."""
     remaining_samples: float | None = None
     """Predicted samples left (from history or the job's own sample count); None: unknown."""
     length_samples: float | None = None

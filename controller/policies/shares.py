@@ -71,14 +71,23 @@ class JobModel:
 
     def cores_to_saturate(self) -> float:
         """Cores at which loading keeps up with M (inf when the curve never gets there)."""
+        return self.cores_for(self.max_throughput)
+
+    def cores_for(self, rate: float) -> float:
+        """Cores at which loading delivers ``rate`` samples/s (inf when the curve never gets there)."""
         need = 0.0
         for intercept, slope in self.lines:
-            if intercept >= self.max_throughput:
+            if intercept >= rate:
                 continue
             if slope <= 0:
                 return math.inf
-            need = max(need, (self.max_throughput - intercept) / slope)
+            need = max(need, (rate - intercept) / slope)
         return need
+
+    def dearer(self, factor: float) -> "JobModel":
+        """The model of the same job with every sample ``factor`` times dearer to load."""
+        lines = tuple((intercept / factor, slope / factor) for intercept, slope in self.lines)
+        return JobModel(max_throughput=self.max_throughput, lines=lines, bytes_per_sample=self.bytes_per_sample)
 
     @property
     def full_speed_read_bps(self) -> float:
