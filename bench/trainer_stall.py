@@ -19,7 +19,6 @@ Run alone: ``python -m bench.trainer_stall [--json bench/results/trainer_stall.j
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import multiprocessing
 import os
@@ -32,6 +31,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Sequence
 
+from bench.report import write_json
 from controller.backends.base import BackendError
 from controller.backends.cgroup_v1 import CgroupV1Backend
 
@@ -168,8 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "neighbour_weight": SATISFIED_NEIGHBOUR_WEIGHT, "cells": rows,
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(document, indent=1) + "\n")
+        write_json(args.json, document)
         print(f"results: {args.json}")
     return 0
 
