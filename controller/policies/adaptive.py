@@ -110,7 +110,7 @@ class AdaptivePolicy:
         """The jobs the last completion check kept a plan from starving (so its reason is logged
         once at INFO, not at every step it holds)."""
         self._outgrown: frozenset[str] = frozenset()
-        """The jobs last planned dearer than their curves (so each is logged once at INFO)."""
+        """The jobs the last step planned dearer than their curves (so each is logged once at INFO)."""
 
     def weights(self, node: NodeResources, jobs: Sequence[JobView], models: Mapping[str, JobModel]
                 ) -> dict[str, float]:
@@ -142,13 +142,13 @@ class AdaptivePolicy:
         if not jobs:
             return {}
         jobs = sorted(jobs, key=lambda j: j.job_id)
-        measured = self._followed({job.job_id: model for job in jobs if (model := measured_model(job)) is not None},
-                                  jobs)
+        measured, outgrown = self._followed(
+            {job.job_id: model for job in jobs if (model := measured_model(job)) is not None}, jobs)
         worth, order = self.weighing(node, jobs, measured)
         weights = _times(worth, order)
         models, equals = pool_equal_worth(measured, worth, weights, counted_batches(jobs), widest=FINISH_FACTOR)
         target = self._target(node, jobs, models, weights, equals)
-        if self._keep_current(node, jobs, models, weights, target, equals):
+        if self._keep_current(node, jobs, models, weights, target, equals, outgrown):
             return {job.job_id: job.current for job in jobs}
         self._held_back = ()
         if log.isEnabledFor(logging.DEBUG):
@@ -217,9 +217,11 @@ class AdaptivePolicy:
         weights: Mapping[str, float],
         target: Allocation,
         equals: Sequence[Sequence[str]],
+        outgrown: frozenset[str],
     ) -> bool:
         """True when every job has an allocation from this kind of policy and the target is
-        not predicted to beat the current one by more than the threshold."""
+        not predicted to beat the current one by more than the threshold (``outgrown``: the jobs
+        planned dearer than their curves this step)."""
         current = {job.job_id: job.current for job in jobs}
         if any(a.workers is None or (a.cpu_weight is None) != (target[job_id].cpu_weight is None)
                or (a.cores is None) != (target[job_id].cores is None) for job_id, a in current.items()):
@@ -229,13 +231,14 @@ class AdaptivePolicy:
         now = predicted_objective(node, jobs, models, weights, current)
         gain = predicted_objective(node, jobs, models, weights, target) - now
         threshold = self.first_plan_gain if _plan_anew(jobs) else self.gain_threshold
-        evens = self._evens_outgrown(node, jobs, models, current, target, equals)
-        if gain <= now * threshold + 1e-9 and not evens:
+        small_gain = gain <= now * threshold + 1e-9
+        evens = _evens_outgrown(node, jobs, models, current, target, equals, outgrown)
+        if small_gain and not evens:
             return True
-        if self._too_soon(jobs, target) and gain <= now * self.urgent_gain + 1e-9:
+        if self._too_soon(jobs, target, outgrown) and gain <= now * self.urgent_gain + 1e-9:
             return True
         return self._finishes_later(node, jobs, models, current, target, gain / max(now, 1e-12), equals,
-                                    cut_below=1.0 if evens and gain <= now * threshold + 1e-9 else STARVED)
+                                    cut_below=1.0 if small_gain else STARVED)
 
     def _finishes_later(
         self,
@@ -275,14 +278,16 @@ class AdaptivePolicy:
             logging.DEBUG if starved == self._held_back else logging.INFO,
             "%s: keeps the current allocation: the plan would %s %s for %+.0f%% of predicted rate, "
             "but finish the jobs %.0f%% later, GPU-weighted (%.0f against %.0f GPU-seconds)",
-            self.name, "starve" if cut_below <= STARVED else "cut", ", ".join(starved), 100 * rate_gain, 100 * (planned / kept - 1), planned, kept,
+            self.name, "starve" if cut_below <= STARVED else "cut", ", ".join(starved), 100 * rate_gain,
+            100 * (planned / kept - 1), planned, kept,
         )
         self._held_back = starved
         return True
 
-    def _followed(self, models: Mapping[str, JobModel], jobs: Sequence[JobView]) -> dict[str, JobModel]:
-        """Each model, made dearer where its job has outgrown it (controller/policies/outgrown.py);
-        logs each job newly seen outgrowing its model once at INFO, with by how much."""
+    def _followed(self, models: Mapping[str, JobModel], jobs: Sequence[JobView]
+                  ) -> tuple[dict[str, JobModel], frozenset[str]]:
+        """Each model, made dearer where its job has outgrown it (controller/policies/outgrown.py),
+        and the jobs that have; logs each job newly seen outgrowing its model once at INFO."""
         result: dict[str, JobModel] = {}
         for job in jobs:
             if (model := models.get(job.job_id)) is None:
@@ -293,38 +298,9 @@ class AdaptivePolicy:
                          "planned %.2fx dearer until its curve follows", self.name, job.name, job.cores_used,
                          job.achieved, model.cores_for(job.achieved or 0.0), outgrowth(job, model))
         self._outgrown = frozenset(job_id for job_id, model in result.items() if model is not models[job_id])
-        return result
+        return result, self._outgrown
 
-    def _evens_outgrown(
-        self,
-        node: NodeResources,
-        jobs: Sequence[JobView],
-        models: Mapping[str, JobModel],
-        current: Allocation,
-        target: Allocation,
-        equals: Sequence[Sequence[str]],
-    ) -> bool:
-        """True when a job has outgrown its model (controller/policies/outgrown.py) into a group
-        of jobs worth the same, which the current allocation keeps clearly apart in busy
-        fraction (by more than ``EQUALS_APART``) and the target evens out. Worth the same
-        per core, the two allocations score alike, so the gain threshold alone would keep the
-        job that got dearer on the satisfied weight it held: on the simulated crossing pairs it
-        took 1.95 of 2 cores while its neighbour, cheaper now but starved, counted too few
-        batches for its curve to follow."""
-        groups = [group for group in equals if self._outgrown & set(group)]
-        if not groups:
-            return False
-        before = predicted_busy(node, jobs, models, current)
-        after = predicted_busy(node, jobs, models, target)
-
-        def spread_of(busy: Mapping[str, float], group: Sequence[str]) -> float:
-            values = [busy[job_id] for job_id in group if job_id in busy]
-            return max(values) - min(values) if values else 0.0
-
-        return any(spread_of(before, group) > EQUALS_APART and spread_of(after, group) < spread_of(before, group) / 2
-                   for group in groups)
-
-    def _too_soon(self, jobs: Sequence[JobView], target: Allocation) -> bool:
+    def _too_soon(self, jobs: Sequence[JobView], target: Allocation, outgrown: frozenset[str]) -> bool:
         """True when the node has settled and a job the target would change got its current
         allocation less than ``min_change_interval_s`` ago. The node has not settled while
         ``settle_s`` has not passed since the last arrival or departure, nor while a job's
@@ -334,7 +310,7 @@ class AdaptivePolicy:
         only on an urgent gain."""
         if any(job.since_event_s is None or job.since_event_s < self.settle_s or young_curve(job) for job in jobs):
             return False
-        if self._outgrown:
+        if outgrown:
             return False  # a job's load has just changed: the node is not under steady load
         return any(
             job.allocation_age_s is not None and job.allocation_age_s < self.min_change_interval_s
@@ -346,6 +322,36 @@ class AdaptivePolicy:
 def _times(worth: Mapping[str, float], order: Mapping[str, float]) -> dict[str, float]:
     """Each job's weight: its worth weight times its finishing-order factor."""
     return {job_id: weight * order[job_id] for job_id, weight in worth.items()}
+
+
+def _evens_outgrown(
+    node: NodeResources,
+    jobs: Sequence[JobView],
+    models: Mapping[str, JobModel],
+    current: Allocation,
+    target: Allocation,
+    equals: Sequence[Sequence[str]],
+    outgrown: frozenset[str],
+) -> bool:
+    """True when a job has outgrown its model (``outgrown``, controller/policies/outgrown.py)
+    into a group of jobs worth the same, which the current allocation keeps clearly apart in busy
+    fraction (by more than ``EQUALS_APART``) and the target evens out. Worth the same
+    per core, the two allocations score alike, so the gain threshold alone would keep the
+    job that got dearer on the satisfied weight it held: on the simulated crossing pairs it
+    took 1.95 of 2 cores while its neighbour, cheaper now but starved, counted too few
+    batches for its curve to follow."""
+    groups = [group for group in equals if outgrown & set(group)]
+    if not groups:
+        return False
+    before = predicted_busy(node, jobs, models, current)
+    after = predicted_busy(node, jobs, models, target)
+
+    def spread_of(busy: Mapping[str, float], group: Sequence[str]) -> float:
+        values = [busy[job_id] for job_id in group if job_id in busy]
+        return max(values) - min(values) if values else 0.0
+
+    return any(spread_of(before, group) > EQUALS_APART and spread_of(after, group) < spread_of(before, group) / 2
+               for group in groups)
 
 
 def _plan_anew(jobs: Sequence[JobView]) -> bool:
