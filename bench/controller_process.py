@@ -138,29 +138,37 @@ def adloader_run_command(*command: str, name: str, options: Sequence[str] = ()) 
     return [sys.executable, "-m", "adloader", "run", "--name", name, *options, "--", *command]
 
 
-def launch(argv: Sequence[str], *, name: str, logs: Path, environ: dict[str, str], started: list[JobProcess]
-           ) -> JobProcess:
+def launch(argv: Sequence[str], *, name: str, logs: Path, environ: dict[str, str], started: list[JobProcess],
+           cgroup: Path | None = None) -> JobProcess:
     """Start ``argv`` (an ``adloader run`` command line) in a session of its own, its output in
-    ``logs/NAME-XXXXXX.out`` and ``.err``; it is appended to ``started``."""
+    ``logs/NAME-XXXXXX.out`` and ``.err``, inside ``cgroup`` (a cgroup directory; None: where the
+    harness is); it is appended to ``started``."""
     tag = f"{name}-{uuid.uuid4().hex[:6]}"
     stdout, stderr = logs / f"{tag}.out", logs / f"{tag}.err"
+
+    def prepare() -> None:
+        default_signal_dispositions()
+        if cgroup is not None:
+            (cgroup / "cgroup.procs").write_text(str(os.getpid()))
+
     with stdout.open("w") as out, stderr.open("w") as err:
         proc = subprocess.Popen(list(argv), stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=REPO, env=environ,
-                                start_new_session=True, preexec_fn=default_signal_dispositions)
+                                start_new_session=True, preexec_fn=prepare)
     job = JobProcess(proc=proc, name=name, stdout=stdout, stderr=stderr)
     started.append(job)
     return job
 
 
 def start_job(socket: Path | None, *command: str, name: str, options: Sequence[str] = (),
-              environ: dict[str, str] | None = None, logs: Path, started: list[JobProcess]) -> JobProcess:
+              environ: dict[str, str] | None = None, logs: Path, started: list[JobProcess],
+              cgroup: Path | None = None) -> JobProcess:
     """``adloader run --name NAME [options] -- command...`` against the controller on ``socket``
     (None leaves ADLOADER_SOCKET as ``environ`` has it); see :func:`launch`."""
     environ = dict(environ if environ is not None else base_environment())
     if socket is not None:
         environ["ADLOADER_SOCKET"] = str(socket)
     return launch(adloader_run_command(*command, name=name, options=options), name=name, logs=logs,
-                  environ=environ, started=started)
+                  environ=environ, started=started, cgroup=cgroup)
 
 
 @dataclass
@@ -177,6 +185,10 @@ class ControllerProcess:
     environ: dict[str, str]
     proc: subprocess.Popen | None = None
     jobs: list[JobProcess] = field(default_factory=list)
+    node_cgroup: Path | None = None
+    """Where its jobs' launchers start (a cgroup directory); None: where the harness is. The
+    benchmark starts them in a cpu group of its own, weighted above the rest of the machine, so
+    that the processes a job keeps out of its group (training_processes.py) stay shielded too."""
 
     # -- lifecycle ---------------------------------------------------------------------------
     def start(self, ready: bool = True, timeout: float = START_TIMEOUT_S) -> "ControllerProcess":
@@ -256,12 +268,13 @@ class ControllerProcess:
             environ: dict[str, str] | None = None) -> JobProcess:
         """Start ``adloader run --name NAME [options] -- command...`` against this controller."""
         return start_job(self.socket, *command, name=name, options=options, environ=environ,
-                         logs=self.log_path.parent, started=self.jobs)
+                         logs=self.log_path.parent, started=self.jobs, cgroup=self.node_cgroup)
 
     def launch(self, argv: Sequence[str], *, name: str) -> JobProcess:
         """Start a whole ``adloader run`` command line against this controller."""
         environ = base_environment(ADLOADER_SOCKET=str(self.socket))
-        return launch(argv, name=name, logs=self.log_path.parent, environ=environ, started=self.jobs)
+        return launch(argv, name=name, logs=self.log_path.parent, environ=environ, started=self.jobs,
+                      cgroup=self.node_cgroup)
 
     def registered(self, job: JobProcess, timeout: float = 20.0) -> JobSnapshot:
         """Wait until ``job``'s launcher has registered; its snapshot."""
@@ -322,6 +335,8 @@ class Cleanup:
                 controller.kill()
         for controller in self.controllers:
             remove_group(controller.group)
+            if controller.node_cgroup is not None:
+                remove_group(controller.node_cgroup.name)
             (default_lock_dir() / f"group-{controller.group}.lock").unlink(missing_ok=True)  # left by a SIGKILL
         for directory in self.directories:
             shutil.rmtree(directory, ignore_errors=True)
@@ -346,7 +361,8 @@ def remove_group(group: str, timeout: float = 10.0, root: Path = CGROUP_ROOT) ->
         if not group_dir.is_dir():
             continue
         root_procs = root / hierarchy / "cgroup.procs"
-        for directory in [d for d in group_dir.iterdir() if d.is_dir()] + [group_dir]:
+        nested = [Path(d) for d, _, _ in os.walk(group_dir, topdown=False)]  # the deepest first, the group last
+        for directory in nested:
             deadline = time.monotonic() + timeout
             while True:
                 kill_members(directory / "cgroup.procs")

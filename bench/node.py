@@ -21,7 +21,7 @@ from typing import Any, Sequence
 from adloader.errors import AdloaderError
 from bench import report
 from bench.mix import DEFAULT_MIX, PREDICTION_MIX, Mix, load_mix, random_mix
-from bench.runner import JobOutcome, NodeSetup, Progress, RunOutcome, run_policy
+from bench.runner import JobOutcome, NodeSetup, Progress, RunOutcome, run_policy, split_variant
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "from an even share, from a predicted M, and as a recurring job (bench/prediction_start.py)")
     parser.add_argument("--policies", default=None,
                         help=f"comma-separated (default {','.join(ALL_POLICIES)}; --quick: "
-                        f"{','.join(QUICK_POLICIES)}; --random: {','.join(RANDOM_POLICIES)})")
+                        f"{','.join(QUICK_POLICIES)}; --random: {','.join(RANDOM_POLICIES)}); "
+                        "NAME@with-loaders runs NAME with every process of a job in its CPU group "
+                        "(controller --training-processes)")
     parser.add_argument("--repeats", type=int, default=None, help="runs per policy, interleaved (default 3; --quick 1)")
     parser.add_argument("--quick", action="store_true",
                         help=f"jobs {QUICK_SCALE:g}x as long, {' and '.join(QUICK_POLICIES)} only, one repeat")
@@ -87,6 +89,8 @@ def _bench(args: argparse.Namespace) -> int:
     randomised = bool(seeds)
     default_policies = RANDOM_POLICIES if randomised else QUICK_POLICIES if quick else ALL_POLICIES
     policies = tuple(p.strip() for p in args.policies.split(",")) if args.policies else default_policies
+    for policy in policies:
+        split_variant(policy)  # a wrong variant fails here, before the datasets are made
     repeats = args.repeats if args.repeats is not None else (1 if quick else 3)
     scale = args.scale if args.scale is not None else (QUICK_SCALE if quick else 1.0)
     mixes = [random_mix(seed) for seed in seeds] if randomised else [load_mix(args.mix or DEFAULT_MIX)]

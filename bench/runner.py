@@ -102,6 +102,8 @@ def run_policy(
     state_dir: Path | None = None,
 ) -> RunOutcome:
     """Run ``mix`` under ``policy`` on a fresh controller; raises BenchError if it cannot.
+    ``policy`` may name how the controller places training processes after an ``@``
+    (``adaptive@with-loaders``: see :func:`split_variant`).
     ``label`` names the run in results (default: the policy); ``send_features``: jobs that
     name a model send its features at registration; ``state_dir``: the controller's state
     and job history (default: a fresh one in the run's directory)."""
@@ -110,14 +112,15 @@ def run_policy(
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     os.chmod(run_dir, 0o755)
-    curves = {CURVES_VAR: str(oracle_curves)} if policy == "oracle" and oracle_curves is not None else {}
+    name, training = split_variant(policy)
+    curves = {CURVES_VAR: str(oracle_curves)} if name == "oracle" and oracle_curves is not None else {}
     controller = ControllerProcess(
         socket=run_dir / "s.sock", state_dir=state_dir or run_dir / "state",
-        group=f"adloader-bench-{uuid.uuid4().hex[:8]}", period=node.period_s, options=_controller_options(policy, node),
+        group=f"adloader-bench-{uuid.uuid4().hex[:8]}", period=node.period_s, options=_controller_options(name, training, node),
         log_path=run_dir / "controller.log", environ=base_environment(**curves),
     )
     cleanup = Cleanup(graceful=True)
-    _make_group(controller.group)
+    controller.node_cgroup = _make_node_group(f"{controller.group}-node")
     cleanup.track(controller)
     launchers: dict[str, JobProcess] = {}
     outcomes: list[JobOutcome] = []
@@ -187,16 +190,34 @@ def job_command(spec: JobSpec, dataset: Path, timeline: Path, features: Path | N
     return command
 
 
-def _controller_options(policy: str, node: NodeSetup) -> tuple[str, ...]:
+TRAINING_VARIANTS = ("apart", "with-loaders")
+"""``adloader controller --training-processes`` values a benchmarked policy may name after an ``@``."""
+
+
+def split_variant(policy: str) -> tuple[str, str]:
+    """``"adaptive@with-loaders"`` -> ``("adaptive", "with-loaders")``; a plain name runs with the
+    controller's default, ``"apart"``. BenchError for another variant, or one on ``oracle``
+    (whose split is measured once, under the default)."""
+    name, _, training = policy.partition("@")
+    training = training or "apart"
+    if training not in TRAINING_VARIANTS:
+        raise BenchError(f"{policy}: after '@' name how training processes are placed: {', '.join(TRAINING_VARIANTS)}")
+    if name == "oracle" and policy != name:
+        raise BenchError(f"{policy}: the oracle runs only under the default placement of training processes")
+    return name, training
+
+
+def _controller_options(policy: str, training: str, node: NodeSetup) -> tuple[str, ...]:
     options = ("--policy", policy, "--cpus", node.cpus, "--backend", "cgroup-v1",
-               "--settle-period", str(node.settle_period_s))
+               "--settle-period", str(node.settle_period_s), "--training-processes", training)
     if node.read_bps is not None and node.read_device is not None:
         options += ("--read-bps", str(int(node.read_bps)), "--read-device", node.read_device)
     return options
 
 
-def _make_group(group: str) -> None:
-    """The run's cpu group, weighted above everything else on the machine."""
+def _make_node_group(group: str) -> Path:
+    """The run's node: a cpu group weighted above everything else on the machine, in which the
+    jobs start (the controller nests its job groups in it, as below a scheduler's cgroup)."""
     directory = CGROUP_ROOT / "cpu" / group
     try:
         directory.mkdir()
@@ -206,6 +227,7 @@ def _make_group(group: str) -> None:
             "under a real controller and needs root and cgroup v1's cpu hierarchy at /sys/fs/cgroup/cpu"
         ) from None
     write_interface(directory / "cpu.shares", str(GROUP_CPU_SHARES), "weighting the benchmark's group")
+    return directory
 
 
 def _launch(controller: ControllerProcess, spec: JobSpec, dataset: Path, run_dir: Path, send_features: bool

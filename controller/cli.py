@@ -52,6 +52,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory-reserve", type=_size, default=None, metavar="BYTES",
                         help="node memory no job's DataLoader workers may take, e.g. 4G (default: 5%% of the "
                         "node's memory, at least 1G); workers are also kept within each job's memory cgroup limit")
+    parser.add_argument("--training-processes", choices=["apart", "with-loaders"], default="apart",
+                        help="apart (default): a rank whose loader runs workers leaves its job's CPU group, so the "
+                        "job's weight and quota act on its loaders only and never delay its training steps; "
+                        "with-loaders: every process of a job stays in its group")
     parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                         help="serve Prometheus metrics on this port (default/0: no exporter)")
     parser.add_argument("--device", default=None, metavar="NAME",
@@ -128,6 +132,7 @@ def _build(args: argparse.Namespace) -> Controller:
         metrics_port=args.metrics_port or None,
         metrics_address=args.metrics_address,
         memory_reserve=args.memory_reserve,
+        training_processes=args.training_processes,
     )
     if args.no_history:
         return Controller(config)

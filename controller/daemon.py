@@ -32,6 +32,7 @@ from adloader.cpuspec import format_cpus
 from controller.change_clock import ChangeClock, step_period
 from controller.loop import ControlLoop
 from controller.ownership import Holder, Ownership
+from controller.training_processes import TrainingProcesses
 from controller.worker_memory import WorkerMemory
 from controller.peer import peer_belongs_to_job
 from controller.policies import JobAllocation, NodeResources, PolicyError, make_policy, policy_names
@@ -80,6 +81,9 @@ class ControllerConfig:
     """Where the per-group lock files live (shared by every controller on the node)."""
     memory_reserve: int | None = None
     """Bytes of node memory no job's workers may take (None: 5% of MemTotal, at least 1 GiB)."""
+    training_processes: str = "apart"
+    """"apart": ranks whose loaders run workers leave their job's CPU group (training_processes.py);
+    "with-loaders": every process of a job stays in it."""
 
 
 class Controller:
@@ -104,6 +108,7 @@ class Controller:
                                  recall=recall, clock=clock)
         self.store = StateStore(config.state_dir)
         self.ownership = Ownership(config.lock_dir, config.group, config.state_dir)
+        self.training = TrainingProcesses(self.backend, proc=config.proc, mode=config.training_processes)
         self._memory_reads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="adloader-worker-memory")
         self.loop = ControlLoop(
             self.backend, self.node, make_policy(config.policy or default_policy()),
@@ -111,6 +116,7 @@ class Controller:
             worker_memory=WorkerMemory(config.memory_reserve, proc=config.proc, cgroup_root=config.cgroup_root,
                                        ceiling_per_rank=self.node.max_workers_per_job, executor=self._memory_reads,
                                        clock=clock),
+            training=self.training,
         )
         self.server = ControlServer(config.socket_path, self.handle, self._connection_closed, self._count_error)
         self.started_at = time.time()
@@ -376,6 +382,7 @@ class Controller:
                 )
             connection.verified_jobs.add(job.job_id)
         self.registry.record_report(job.job_id, message)
+        self.training.reported(job.job_id, connection.peer.pid, message.num_workers, message.batches)
         return protocol.Target(num_workers=self.loop.allocations.get(job.job_id).wanted.workers)
 
     def _end(self, message: protocol.End, connection: Connection) -> protocol.Message:

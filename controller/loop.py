@@ -22,6 +22,7 @@ from controller.policies.base import JobAllocation, JobView, NodeResources, Poli
 from controller.reconciler import Change, Failure, reconcile
 from controller.registry import Registry
 from controller.safety_net import SafetyNet
+from controller.training_processes import TrainingProcesses
 from controller.worker_memory import WorkerMemory
 
 log = logging.getLogger(__name__)
@@ -58,8 +59,10 @@ class ControlLoop:
         safety_net: SafetyNet | None = None,
         worker_memory: WorkerMemory | None = None,
         allocations: AllocationStore | None = None,
+        training: TrainingProcesses | None = None,
     ) -> None:
-        """``worker_memory``: caps each job's workers to what fits in its memory (None: no cap)."""
+        """``worker_memory``: caps each job's workers to what fits in its memory (None: no cap);
+        ``training``: keeps ranks apart from their job's CPU group (None: every process stays in it)."""
         self.backend = backend
         self.node = node
         self.policy = policy
@@ -71,10 +74,13 @@ class ControlLoop:
         self.change_clock = change_clock or ChangeClock()
         self.safety_net = safety_net or SafetyNet()
         self.worker_memory = worker_memory
+        self.training = training
 
     def forget(self, job_id: str) -> None:
         """The job is gone: nothing of it is wanted or applied any more."""
         self.allocations.forget(job_id)
+        if self.training is not None:
+            self.training.forget(job_id)
 
     def step(self, registry: Registry, events: Iterable[str] = ()) -> StepOutcome:
         """Decide, record and apply once. ``events`` are what happened since the last step
@@ -126,13 +132,15 @@ class ControlLoop:
 
 
     def _pids(self, views: Iterable[JobView]) -> dict[str, set[int]]:
-        """Each job's processes, from its group (a job whose group is going away has none)."""
+        """Each job's processes: its group's (a job whose group is going away has none) and its
+        ranks kept apart, which are placed here (see training_processes.py)."""
         pids = {}
         for view in views:
             try:
-                pids[view.job_id] = self.backend.pids(view.job_id)
+                group = self.backend.pids(view.job_id)
             except BackendError:
                 continue
+            pids[view.job_id] = group if self.training is None else self.training.place(view.job_id, group)
         return pids
 
     def _levers(self, job_id: str) -> frozenset[str]:

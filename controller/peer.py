@@ -56,9 +56,34 @@ def in_job_group(pid: int, group: str, job_id: str, proc: Path = Path("/proc")) 
 def peer_belongs_to_job(
     pid: int, job_id: str, group: str, job_pids: Callable[[str], set[int]], proc: Path = Path("/proc")
 ) -> bool:
-    """True if process ``pid`` is one of the job's processes: listed by the backend
-    (``job_pids``, which is also how the affinity fallback knows its process trees) or,
-    for processes in nested cgroups, placed under the job's group in /proc/PID/cgroup."""
+    """True if process ``pid`` is one of the job's processes: placed under the job's group
+    in /proc/PID/cgroup (nested cgroups included), listed by the backend (``job_pids``,
+    which is also how the affinity fallback knows its process trees), or a descendant of
+    one listed (a rank kept apart from the group, training_processes.py)."""
     if pid <= 0:
         return False
-    return pid in job_pids(job_id) or in_job_group(pid, group, job_id, proc)
+    if in_job_group(pid, group, job_id, proc):
+        return True
+    members = job_pids(job_id)
+    return pid in members or any(ancestor in members for ancestor in ancestors(pid, proc))
+
+
+MAX_ANCESTORS = 64
+
+
+def ancestors(pid: int, proc: Path = Path("/proc")) -> list[int]:
+    """``pid``'s parent, its parent's parent, ... up to (not including) pid 1, from
+    /proc/PID/stat; at most MAX_ANCESTORS. A rank kept apart from its job's group
+    (training_processes.py) belongs to the job through its launcher, which stays inside."""
+    found: list[int] = []
+    while len(found) < MAX_ANCESTORS:
+        try:
+            stat = (proc / str(pid) / "stat").read_text()
+        except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
+            break
+        fields = stat[stat.rfind(")") + 2:].split()  # the command name may hold spaces and parentheses
+        pid = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
+        if pid <= 1:
+            break
+        found.append(pid)
+    return found

@@ -83,7 +83,7 @@ def main() -> int:
         adloader.describe_model(model, torch.zeros(args.batch_size, 64))
     loader = DataLoader(Work(args.samples, args.worker_mb, args.work), batch_size=args.batch_size,
                         num_workers=args.workers, sampler=sampler,
-                        persistent_workers=True)
+                        persistent_workers=args.workers > 0)
     epochs, pids = [], set()
     deadline = time.monotonic() + args.seconds
     while not epochs or (time.monotonic() < deadline and not (args.stop_file and args.stop_file.exists())):

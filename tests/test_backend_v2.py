@@ -81,6 +81,13 @@ def test_reads_pids_cpu_time_and_existing_jobs(backend: CgroupV2Backend, tree: P
     assert backend.pids("never-created") == set()
 
 
+def test_a_training_process_detached_on_a_bare_node_goes_to_the_root(backend: CgroupV2Backend, tree: Path) -> None:
+    backend.create("job-a")
+    backend.attach("job-a", 101)
+    backend.detach("job-a", 101)
+    assert (tree / "cgroup.procs").read_text() == "101"
+
+
 def test_release_lifts_every_limit(backend: CgroupV2Backend, tree: Path) -> None:
     job = tree / GROUP / "job-b"
     backend.set_cpu_quota("job-b", 0.5)

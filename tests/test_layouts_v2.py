@@ -74,6 +74,8 @@ def test_the_group_nests_below_the_schedulers_cgroup_whose_processes_move_to_a_l
         assert (directory / "cgroup.subtree_control").read_text() == "+cpu +cpuset +io"
     backend.attach("job-a", LAUNCHER)
     assert read_pid_list(job_dir / "cgroup.procs") == {LAUNCHER}
+    backend.detach("job-a", 5151)  # a rank kept apart: beside the scheduler's own processes, not in its cgroup
+    assert read_pid_list(parent / f"{GROUP}.leaf" / "cgroup.procs") == {5151}, "(a fixture file keeps the last write)"
 
     placement = backend.placement("job-a")
     assert placement.scheduler == scheduler

@@ -94,6 +94,12 @@ class AffinityBackend:
         if job.cpus is not None:
             self._apply(job_id, job)
 
+    def detach(self, job_id: str, pid: int) -> None:
+        raise BackendError(
+            f"the affinity backend has no groups, so pid {pid} of job {job_id} cannot be kept apart from its "
+            "loaders: use --backend cgroup-v1 or cgroup-v2"
+        )
+
     def pids(self, job_id: str) -> set[int]:
         job = self._jobs.get(job_id)
         return {process.pid for process in self._tree(job)} if job else set()

@@ -51,6 +51,12 @@ class ResourceBackend(Protocol):
     def attach(self, job_id: str, pid: int) -> None:
         """Move ``pid`` into the job's group; its future children are born inside."""
 
+    def detach(self, job_id: str, pid: int) -> None:
+        """Move ``pid`` (a training process) out of the job's CPU group, back to the cgroup the
+        job came from, so that the job's CPU weight and quota no longer act on it; its later
+        children are born there (controller/training_processes.py moves them back). BackendError
+        where there are no groups."""
+
     def pids(self, job_id: str) -> set[int]:
         """Live pids inside the job's group (for the fallback: the launcher's process tree)."""
 

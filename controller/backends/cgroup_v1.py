@@ -44,6 +44,8 @@ LEFTOVER_WATCH_S = 60.0
 TRACKING_HIERARCHY = "freezer"
 """Where Slurm's proctrack/cgroup (and runc, systemd) track a job's processes on v1."""
 
+_CPU_HIERARCHIES = ("cpu", "cpuacct")
+"""Where a training process leaves its job's group (detach): the weight, quota and CPU time."""
 _CAPABILITY_OF_HIERARCHY = {
     "cpu": "cpu_quota",
     "cpuacct": "cpu_accounting",
@@ -185,6 +187,20 @@ class CgroupV1Backend:
         for hierarchy, node in self._jobs[job_id].items():
             with kernel_call(node.full_path + b"/cgroup.procs", f"moving pid {pid} into the {hierarchy} group"):
                 node.controller.procs = [pid]
+
+    def detach(self, job_id: str, pid: int) -> None:
+        """Out of the job's cpu and cpuacct groups only: the job's cpuset and read throttles
+        still hold the process (v1 keeps one membership per hierarchy)."""
+        if job_id not in self._jobs:
+            raise BackendError(f"job {job_id!r} has no cgroup v1 group: create the job's group first")
+        for hierarchy in _CPU_HIERARCHIES:
+            node = self._jobs[job_id].get(hierarchy)
+            if node is None:
+                continue
+            scheduler_node = node.parent.parent
+            with kernel_call(scheduler_node.full_path + b"/cgroup.procs",
+                             f"moving pid {pid} out of the job's {hierarchy} group"):
+                scheduler_node.controller.procs = [pid]
 
     def pids(self, job_id: str) -> set[int]:
         # Read directly rather than through cgroupspy: a group that is gone reads as "no pids".

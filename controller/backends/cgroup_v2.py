@@ -86,6 +86,12 @@ class CgroupV2Backend:
         its children (v2's no-internal-process rule)."""
         return parent / f"{self.group}.leaf"
 
+    def _home(self, job_dir: Path) -> Path:
+        """Where processes leaving the job's group go: the parent it is nested below when that
+        is the root, else the leaf that parent keeps its own processes in."""
+        parent = job_dir.parent.parent
+        return parent if parent == self.root else self._leaf(parent)
+
     def _require(self, capability: str, controller: str) -> None:
         if controller not in self._controllers:
             raise BackendError(
@@ -171,6 +177,15 @@ class CgroupV2Backend:
     def attach(self, job_id: str, pid: int) -> None:
         _move(self._job_dir(job_id), pid)
 
+    def detach(self, job_id: str, pid: int) -> None:
+        """Back below the scheduler's cgroup the job came from: into the leaf our group's
+        parent keeps its processes in (v2 forbids them in the parent itself), or the root."""
+        target = self._home(self._job_dir(job_id))
+        if target != self.root:
+            with kernel_call(target, "creating a leaf for the job's training processes"):
+                target.mkdir(exist_ok=True)
+        _move(target, pid)
+
     def pids(self, job_id: str) -> set[int]:
         return read_pid_list(self._job_dir(job_id) / "cgroup.procs")
 
@@ -217,7 +232,7 @@ class CgroupV2Backend:
         remove the job's group, and the group and leaf once no other job is left there."""
         job_dir = self._job_dir(job_id)
         group_dir, parent = job_dir.parent, job_dir.parent.parent
-        target = parent if parent == self.root else self._leaf(parent)
+        target = self._home(job_dir)
         try:
             if read_pid_list(job_dir / "cgroup.procs") and target != parent:
                 with kernel_call(target, "creating a leaf for the job's remaining processes"):

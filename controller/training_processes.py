@@ -1,0 +1,142 @@
+"""Training processes apart from the CPU group that shares their job's loading cores.
+
+Why: a job's CPU weight and quota are there to share loading cores between jobs. Set on
+a group that also holds the job's training processes, they starve those too: at weight 36
+against a neighbour's 1172, a rank that sleeps through a 40 ms GPU step wakes 60 ms late
+on average and its steps take 2.5x as long; in a group of its own it wakes 0.2 ms late
+(``python -m bench.trainer_stall``). On a real GPU that wait idles the device with a batch
+ready, whatever the policy meant to take from the job.
+
+So a rank whose loader runs worker processes is moved out of the job's CPU group, back to
+the cgroup its job came from (the scheduler's; the root on a bare node: see
+``ResourceBackend.detach``), and whatever it forks (the helper its loader forks workers
+from, and through that the workers) is moved back into the job's group at the next control
+step. A rank that loads in its own process (no workers, batches arriving) stays in the
+group or returns to it: then its loading is what the group shares. The launcher and
+torchrun never report and stay in the group; the job's CPU time (``cpu_seconds``) is then
+its loading's alone.
+
+Ranks are known from their reports (the peer's pid, from SO_PEERCRED); a restarted
+controller learns them again from their next report. Every root (/proc) is injectable.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from controller.backends.base import BackendError, ResourceBackend
+
+log = logging.getLogger(__name__)
+
+MODES = ("apart", "with-loaders")
+"""``adloader controller --training-processes``: "apart" (the default) moves ranks with
+workers out of their job's CPU group; "with-loaders" leaves every process of the job in it."""
+
+
+LOADING_ALONE_REPORTS = 2
+"""Consecutive reports with batches but no worker after which a rank is taken to load in its
+own process. One is not enough: a loader's last batches arrive as its workers stop, at the end
+of an epoch and in the report a rank sends as it exits."""
+
+
+@dataclass
+class _Rank:
+    apart: bool = False
+    """Whether it should be out of the job's CPU group (its loader runs workers)."""
+    batches: int = 0
+    """Batches it had reported at its last report."""
+    loading_alone: int = 0
+    """Consecutive reports with batches but no worker running."""
+    stuck: bool = False
+    """The kernel refused to move it: left where it is, and said once."""
+
+
+class TrainingProcesses:
+    """Which of a job's processes are its ranks, and keeping them apart from its loaders."""
+
+    def __init__(self, backend: ResourceBackend, proc: Path = Path("/proc"), mode: str = "apart") -> None:
+        if mode not in MODES:
+            raise ValueError(f"training processes mode {mode!r}: use one of {', '.join(MODES)}")
+        self.backend = backend
+        self._proc = Path(proc)
+        self.enabled = mode == "apart" and "groups" in backend.capabilities
+        self._ranks: dict[str, dict[int, _Rank]] = {}
+
+    def reported(self, job_id: str, pid: int, running_workers: int, batches: int) -> None:
+        """Rank ``pid`` of the job reported: workers running -> apart; no worker while its
+        batches advance, LOADING_ALONE_REPORTS times running -> it loads itself, so with its
+        loaders; otherwise (between epochs, before its first workers) as it was."""
+        if not self.enabled or pid <= 0:
+            return
+        rank = self._ranks.setdefault(job_id, {}).setdefault(pid, _Rank(batches=batches))
+        rank.loading_alone = rank.loading_alone + 1 if running_workers == 0 and batches > rank.batches else 0
+        if running_workers > 0:
+            rank.apart = True
+        elif rank.loading_alone >= LOADING_ALONE_REPORTS:
+            rank.apart = False
+        rank.batches = batches
+
+    def place(self, job_id: str, group_pids: set[int]) -> set[int]:
+        """Move the job's ranks out of (or back into) its group and the ranks' children into
+        it, as needed; the job's processes: ``group_pids`` (its group's, read this step) and
+        its ranks apart."""
+        ranks = self._ranks.get(job_id)
+        if not ranks:
+            return group_pids
+        processes = set(group_pids)
+        for pid, rank in list(ranks.items()):
+            if not (self._proc / str(pid)).is_dir():
+                del ranks[pid]
+                continue
+            processes.add(pid)
+            if rank.stuck:
+                continue
+            inside = pid in group_pids
+            if rank.apart and inside:
+                self._move(job_id, pid, rank, self.backend.detach,
+                           "moved out of the job's CPU group: its weight and quota act on the job's loaders only")
+            elif not rank.apart and not inside:
+                self._move(job_id, pid, rank, self.backend.attach,
+                           "moved back into the job's CPU group: it loads in its own process")
+            if rank.apart:
+                for child in children_of(pid, self._proc) - group_pids:
+                    try:
+                        self.backend.attach(job_id, child)
+                    except BackendError as exc:
+                        log.debug("job %s: child %d of rank %d not moved into the job's group: %s",
+                                  job_id, child, pid, exc)
+                        continue
+                    processes.add(child)
+        return processes
+
+    def forget(self, job_id: str) -> None:
+        """The job is gone."""
+        self._ranks.pop(job_id, None)
+
+    def _move(self, job_id: str, pid: int, rank: _Rank, move: Callable[[str, int], None], outcome: str) -> None:
+        try:
+            move(job_id, pid)
+        except BackendError as exc:
+            if (self._proc / str(pid)).is_dir():
+                rank.stuck = True
+                log.warning("job %s: training process %d stays where it is: %s", job_id, pid, exc)
+            return
+        log.info("job %s: training process %d %s", job_id, pid, outcome)
+
+
+def children_of(pid: int, proc: Path = Path("/proc")) -> set[int]:
+    """The child processes of ``pid``, from every thread's ``task/<tid>/children`` (a child
+    is listed under the thread that forked it). Empty if it is gone."""
+    children: set[int] = set()
+    try:
+        threads = list((proc / str(pid) / "task").iterdir())
+    except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
+        return children
+    for thread in threads:
+        try:
+            children.update(int(child) for child in (thread / "children").read_text().split())
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return children

@@ -1,0 +1,172 @@
+"""Training processes apart from their job's CPU group (controller/training_processes.py).
+
+A rank whose loader runs workers leaves the job's cpu/cpuacct groups (its cpuset and read
+throttles still hold it), what it forks is moved back in, and a rank that loads in its own
+process returns. Real cgroup v1 groups and real processes; the last test runs a real
+controller and a real ``adloader run`` job with adloader's DataLoader.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from bench.controller_process import ControllerProcess, wait_until
+from controller.backends.cgroup_v1 import CgroupV1Backend
+from controller.backends.placement import cgroups_of
+from controller.peer import ancestors, peer_belongs_to_job
+from controller.training_processes import TrainingProcesses, children_of
+from fixtures.cgroup_v1 import ROOT, needs_v1, remove_group, unique_group
+from fixtures.processes import FORK_ON_GO, Children, children, fork_after_go  # noqa: F401 (fixture)
+
+LOADER_JOB = Path(__file__).parent / "loader_job.py"
+
+
+@pytest.fixture
+def v1_job(children: Children):  # noqa: F811
+    group = unique_group()
+    backend = CgroupV1Backend(group=group, root=ROOT)
+    backend.create("job")
+    rank = children.start(FORK_ON_GO)
+    backend.attach("job", rank.pid)
+    try:
+        yield backend, rank, f"/{group}/job"
+    finally:
+        children.kill_all()
+        remove_group(group)
+
+
+@needs_v1
+def test_a_rank_with_workers_leaves_the_cpu_group_and_what_it_forks_is_moved_back(v1_job) -> None:
+    backend, rank, job_path = v1_job
+    training = TrainingProcesses(backend)
+
+    training.reported("job", rank.pid, running_workers=0, batches=0)
+    assert training.place("job", backend.pids("job")) == {rank.pid}
+    assert cgroups_of(rank.pid)["cpu"] == job_path  # no workers yet: it stays
+
+    training.reported("job", rank.pid, running_workers=2, batches=4)
+    assert training.place("job", backend.pids("job")) == {rank.pid}
+    paths = cgroups_of(rank.pid)
+    assert (paths["cpu"], paths["cpuacct"]) == ("/", "/")  # back where it came from: the root here
+    assert (paths["cpuset"], paths["blkio"]) == (job_path, job_path)  # the job's CPUs and throttles still hold it
+    assert backend.pids("job") == set()
+
+    child = fork_after_go(rank)  # the helper its loader forks workers from
+    assert cgroups_of(child)["cpu"] == "/"  # born where the rank is
+    assert training.place("job", backend.pids("job")) == {rank.pid, child}
+    assert cgroups_of(child)["cpu"] == job_path
+    assert backend.pids("job") == {child}
+
+
+@needs_v1
+def test_a_rank_that_loads_in_its_own_process_returns_and_one_between_epochs_does_not(v1_job) -> None:
+    backend, rank, job_path = v1_job
+    training = TrainingProcesses(backend)
+    training.reported("job", rank.pid, running_workers=3, batches=10)
+    training.place("job", backend.pids("job"))
+    assert cgroups_of(rank.pid)["cpu"] == "/"
+
+    training.reported("job", rank.pid, running_workers=0, batches=10)  # between epochs: no batch, no worker
+    training.place("job", backend.pids("job"))
+    assert cgroups_of(rank.pid)["cpu"] == "/"
+
+    training.reported("job", rank.pid, running_workers=0, batches=25)  # its workers' last batches, or its own?
+    training.place("job", backend.pids("job"))
+    assert cgroups_of(rank.pid)["cpu"] == "/"
+
+    training.reported("job", rank.pid, running_workers=0, batches=40)  # batches again without workers: it loads
+    training.place("job", backend.pids("job"))
+    assert cgroups_of(rank.pid)["cpu"] == job_path
+
+
+@needs_v1
+def test_with_loaders_leaves_every_process_in_the_group_and_a_gone_rank_is_forgotten(v1_job) -> None:
+    backend, rank, job_path = v1_job
+    kept = TrainingProcesses(backend, mode="with-loaders")
+    kept.reported("job", rank.pid, running_workers=2, batches=4)
+    kept.place("job", backend.pids("job"))
+    assert cgroups_of(rank.pid)["cpu"] == job_path
+
+    training = TrainingProcesses(backend)
+    training.reported("job", rank.pid, running_workers=2, batches=4)
+    assert training.place("job", backend.pids("job")) == {rank.pid}
+    rank.kill()
+    rank.wait()
+    assert training.place("job", backend.pids("job")) == set()
+
+
+def test_a_mode_that_does_not_exist_is_refused_with_the_choices(tmp_path: Path) -> None:
+    from controller.backends.affinity import AffinityBackend
+
+    with pytest.raises(ValueError, match="apart, with-loaders"):
+        TrainingProcesses(AffinityBackend(), mode="apart-ish")
+    assert not TrainingProcesses(AffinityBackend()).enabled  # no groups: a job's processes are its launcher's tree
+
+
+def _write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def test_children_are_read_from_every_thread(tmp_path: Path) -> None:
+    _write(tmp_path / "300" / "task" / "300" / "children", "301 302 ")
+    _write(tmp_path / "300" / "task" / "305" / "children", "303\n")
+    _write(tmp_path / "300" / "task" / "306" / "children", "")
+    assert children_of(300, tmp_path) == {301, 302, 303}
+    assert children_of(999, tmp_path) == set()
+
+
+def test_a_rank_apart_belongs_to_its_job_through_its_launcher(tmp_path: Path) -> None:
+    """A command name may hold spaces and parentheses: the parent pid is read after the last ')'."""
+    _write(tmp_path / "300" / "stat", "300 (py (x) y) S 200 300 300 0 -1\n")
+    _write(tmp_path / "200" / "stat", "200 (adloader run) S 100 200 200 0 -1\n")
+    _write(tmp_path / "100" / "stat", "100 (bash) S 1 100 100 0 -1\n")
+    assert ancestors(300, tmp_path) == [200, 100]
+    assert peer_belongs_to_job(300, "job", "adloader", lambda _: {200}, tmp_path)
+    assert not peer_belongs_to_job(300, "job", "adloader", lambda _: {999}, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("mode", "policy", "workers", "rank_apart"),
+    [("apart", "adaptive", 2, True), ("with-loaders", "adaptive", 2, False), ("apart", "static", 0, False)],
+    ids=["apart", "with-loaders", "no-workers"],
+)
+def test_the_controller_keeps_a_jobs_rank_apart_from_its_workers(
+    start_controller: Callable[..., ControllerProcess], tmp_path: Path, mode: str, policy: str, workers: int,
+    rank_apart: bool,
+) -> None:
+    """``static`` leaves a job the workers it asked for: none, so its rank loads and stays in the group."""
+    controller = start_controller("--policy", policy, "--cpus", "0", "--training-processes", mode)
+    stop = tmp_path / "stop"
+    job = controller.run(sys.executable, str(LOADER_JOB), "--out", str(tmp_path / "out"), "--workers", str(workers),
+                         "--seconds", "120", "--stop-file", str(stop), "--samples", "200", "--compute-s", "0.02",
+                         name="apart")
+    snapshot = controller.registered(job)
+    launcher = snapshot.launcher_pid
+
+    def rank_pid() -> int | None:
+        ranks = children_of(launcher)
+        return next(iter(ranks)) if ranks else None
+
+    rank = wait_until(rank_pid, 30, "the training process to start")
+
+    def reported() -> bool:
+        job_now = next(j for j in controller.status().jobs if j.job_id == snapshot.job_id)
+        return job_now.samples_total > 0 and job_now.workers_running >= min(workers, 1)
+
+    wait_until(reported, 60, "the job to report loading")
+    time.sleep(1.5)  # a control step after its reports (period 0.5 s)
+    job_path = snapshot.cgroups["cpu"]
+    in_group = cgroups_of(rank)["cpu"] == job_path
+    assert in_group is not rank_apart
+    loaders = {grandchild for child in children_of(rank) for grandchild in children_of(child) | {child}}
+    assert len(loaders) >= (2 if workers else 0)  # the helper and at least one worker
+    assert all(cgroups_of(pid)["cpu"] == job_path for pid in loaders)  # every loader shares the job's weight
+    job_now = next(j for j in controller.status().jobs if j.job_id == snapshot.job_id)
+    assert rank in job_now.pids
+    stop.touch()
+    assert job.wait(60) == 0
