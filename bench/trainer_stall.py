@@ -10,9 +10,11 @@ real GPU the same wait idles the device with a batch ready.
 This measures that wait alone, with real cgroups through the controller's own cgroup v1
 backend: two jobs, each with CPU-bound workers filling the node's cores; the "trainer" of the
 low-weight job sleeps one GPU step at a time and records how late each sleep returns. Cells:
-the low job at several weights against a satisfied neighbour, and the trainer placed in a group
-of its own at the default weight (its workers still at the lowest weight), interleaved over
-the repeats. Needs root and the cgroup v1 cpu hierarchy.
+the low job at several weights against a satisfied neighbour, and the trainer kept apart from
+its job's group as the controller keeps a rank whose loader runs workers (``backend.detach``,
+controller/training_processes.py: back in the cgroup the job came from, here the root; its
+workers still at the lowest weight), interleaved over the repeats. Needs root and the cgroup v1
+cpu hierarchy.
 
 Run alone: ``python -m bench.trainer_stall [--json bench/results/trainer_stall.json]``.
 """
@@ -42,7 +44,7 @@ SATISFIED_NEIGHBOUR_WEIGHT = 1172
 LOW_WEIGHTS = (36, 100, 200, 400, 1172)
 """The low job's weights (cgroup v2 scale): 36 as on the crossing pair, up to an equal weight."""
 APART = "apart"
-"""The cell whose trainer runs in a group of its own at the default weight (100)."""
+"""The cell whose trainer is kept apart from its job's group, as the controller does by default."""
 GROUP = "adloader-stall-bench"
 
 
@@ -82,8 +84,6 @@ def measure(backend: CgroupV1Backend, cell: Cell, workers: int, step_s: float, d
     spinning workers, the neighbour at SATISFIED_NEIGHBOUR_WEIGHT."""
     ctx = multiprocessing.get_context("fork")
     jobs = {"high": SATISFIED_NEIGHBOUR_WEIGHT, "low": cell.low_weight}
-    if cell.trainer_apart:
-        jobs["trainer"] = 100
     for job_id, weight in jobs.items():
         backend.create(job_id)
         backend.set_cpu_weight(job_id, weight)
@@ -96,7 +96,9 @@ def measure(backend: CgroupV1Backend, cell: Cell, workers: int, step_s: float, d
             process.start()
             backend.attach("high" if i < workers else "low", process.pid)
         trainer.start()
-        backend.attach("trainer" if cell.trainer_apart else "low", trainer.pid)
+        backend.attach("low", trainer.pid)
+        if cell.trainer_apart:
+            backend.detach("low", trainer.pid)
         time.sleep(0.5)  # the kernel's load averages settle on the new groups
         start_send.send(True)
         overruns: list[float] = out_recv.recv()

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from controller.backends.placement import cgroups_of
+from controller.processes import ancestors
 
 _UCRED = struct.Struct("3i")  # struct ucred {pid_t pid; uid_t uid; gid_t gid;}
 
@@ -66,24 +67,3 @@ def peer_belongs_to_job(
         return True
     members = job_pids(job_id)
     return pid in members or any(ancestor in members for ancestor in ancestors(pid, proc))
-
-
-MAX_ANCESTORS = 64
-
-
-def ancestors(pid: int, proc: Path = Path("/proc")) -> list[int]:
-    """``pid``'s parent, its parent's parent, ... up to (not including) pid 1, from
-    /proc/PID/stat; at most MAX_ANCESTORS. A rank kept apart from its job's group
-    (training_processes.py) belongs to the job through its launcher, which stays inside."""
-    found: list[int] = []
-    while len(found) < MAX_ANCESTORS:
-        try:
-            stat = (proc / str(pid) / "stat").read_text()
-        except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
-            break
-        fields = stat[stat.rfind(")") + 2:].split()  # the command name may hold spaces and parentheses
-        pid = int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else 0
-        if pid <= 1:
-            break
-        found.append(pid)
-    return found

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from controller.backends.base import BackendError, ResourceBackend
+from controller.processes import children_of, start_time
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,9 @@ class _Rank:
     """Consecutive reports with batches but no worker running."""
     stuck: bool = False
     """The kernel refused to move it: left where it is, and said once."""
+    started: int | None = None
+    """Its start time (clock ticks after boot, /proc/PID/stat): a pid reused by another process
+    after the rank exited has another, and is never moved."""
 
 
 class TrainingProcesses:
@@ -70,7 +74,8 @@ class TrainingProcesses:
         loaders; otherwise (between epochs, before its first workers) as it was."""
         if not self.enabled or pid <= 0:
             return
-        rank = self._ranks.setdefault(job_id, {}).setdefault(pid, _Rank(batches=batches))
+        rank = self._ranks.setdefault(job_id, {}).setdefault(
+            pid, _Rank(batches=batches, started=start_time(pid, self._proc)))
         rank.loading_alone = rank.loading_alone + 1 if running_workers == 0 and batches > rank.batches else 0
         if running_workers > 0:
             rank.apart = True
@@ -87,8 +92,8 @@ class TrainingProcesses:
             return group_pids
         processes = set(group_pids)
         for pid, rank in list(ranks.items()):
-            if not (self._proc / str(pid)).is_dir():
-                del ranks[pid]
+            if rank.started is None or start_time(pid, self._proc) != rank.started:
+                del ranks[pid]  # gone (or its pid taken by another process)
                 continue
             processes.add(pid)
             if rank.stuck:
@@ -124,19 +129,3 @@ class TrainingProcesses:
                 log.warning("job %s: training process %d stays where it is: %s", job_id, pid, exc)
             return
         log.info("job %s: training process %d %s", job_id, pid, outcome)
-
-
-def children_of(pid: int, proc: Path = Path("/proc")) -> set[int]:
-    """The child processes of ``pid``, from every thread's ``task/<tid>/children`` (a child
-    is listed under the thread that forked it). Empty if it is gone."""
-    children: set[int] = set()
-    try:
-        threads = list((proc / str(pid) / "task").iterdir())
-    except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
-        return children
-    for thread in threads:
-        try:
-            children.update(int(child) for child in (thread / "children").read_text().split())
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-    return children

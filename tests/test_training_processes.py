@@ -17,8 +17,11 @@ import pytest
 from bench.controller_process import ControllerProcess, wait_until
 from controller.backends.cgroup_v1 import CgroupV1Backend
 from controller.backends.placement import cgroups_of
-from controller.peer import ancestors, peer_belongs_to_job
-from controller.training_processes import TrainingProcesses, children_of
+from controller.backends.cgroup_v2 import CgroupV2Backend
+from controller.peer import peer_belongs_to_job
+from controller.processes import ancestors, children_of, start_time
+from controller.training_processes import TrainingProcesses
+from fixtures.cgroup2_tree import make_cgroup2_tree
 from fixtures.cgroup_v1 import ROOT, needs_v1, remove_group, unique_group
 from fixtures.processes import FORK_ON_GO, Children, children, fork_after_go  # noqa: F401 (fixture)
 
@@ -118,6 +121,31 @@ def test_children_are_read_from_every_thread(tmp_path: Path) -> None:
     _write(tmp_path / "300" / "task" / "306" / "children", "")
     assert children_of(300, tmp_path) == {301, 302, 303}
     assert children_of(999, tmp_path) == set()
+
+
+def _stat(pid: int, parent: int, started: int) -> str:
+    """A /proc/PID/stat line: pid (comm) state ppid, then fields 5-21, then the start time (22)."""
+    return f"{pid} (python3) S {parent} " + " ".join(["0"] * 17) + f" {started} 0 0\n"
+
+
+def test_a_pid_taken_by_another_process_is_never_moved(tmp_path: Path) -> None:
+    """The rank exited and its pid now names another process: the controller forgets the rank
+    and leaves that process where it is (cgroup v2 fixture tree and /proc)."""
+    proc = tmp_path / "proc"
+    root = make_cgroup2_tree(tmp_path / "cgroup", "adloader", [])
+    backend = CgroupV2Backend(root=root, proc=proc)
+    backend.create("job")
+    _write(proc / "300" / "stat", _stat(300, 200, started=1000))
+    assert start_time(300, proc) == 1000
+    training = TrainingProcesses(backend, proc=proc)
+    training.reported("job", 300, running_workers=2, batches=4)
+    assert training.place("job", {300}) == {300}
+    assert (root / "cgroup.procs").read_text() == "300"  # detached: to the root on a bare node
+
+    (root / "cgroup.procs").write_text("")
+    _write(proc / "300" / "stat", _stat(300, 1, started=5000))  # another process, the same pid
+    assert training.place("job", {300}) == {300}  # the group's own pids, nothing added
+    assert (root / "cgroup.procs").read_text() == ""  # and nothing moved
 
 
 def test_a_rank_apart_belongs_to_its_job_through_its_launcher(tmp_path: Path) -> None:
