@@ -56,9 +56,9 @@ def test_bench_runs_each_policy_on_real_jobs_and_writes_json_and_plot(tmp_path: 
         assert {name: j["samples"] for name, j in jobs.items()} == {"a": 160, "b": 160}
     assert "vs_even" in document["ratios"]["adaptive"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    # every run's cgroup group is gone, and with it everything the run started
+    # every run's node group (its jobs' groups nested in it) is gone, and with it everything the run started
     logs = " ".join(p.read_text() for p in (tmp_path / "runs").rglob("controller.log"))
-    groups = set(re.findall(r"/sys/fs/cgroup/cpu/(adloader-bench-[0-9a-f]{8})/", logs))
+    groups = set(re.findall(r"/sys/fs/cgroup/cpu/(adloader-bench-[0-9a-f]{8}-node)/adloader-bench-", logs))
     assert len(groups) == 2
     assert not [g for g in groups if (Path("/sys/fs/cgroup/cpu") / g).exists()]
 
