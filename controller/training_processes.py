@@ -2,8 +2,8 @@
 
 Why: a job's CPU weight and quota are there to share loading cores between jobs. Set on
 a group that also holds the job's training processes, they starve those too: at weight 36
-against a neighbour's 1172, a rank that sleeps through a 40 ms GPU step wakes 60 ms late
-on average and its steps take 2.5x as long; in a group of its own it wakes 0.2 ms late
+against a neighbour's 1172, a rank that sleeps through a 40 ms GPU step wakes 57 ms late
+on average and its steps take 2.4x as long; kept apart as below it wakes 0.1 ms late
 (``python -m bench.trainer_stall``). On a real GPU that wait idles the device with a batch
 ready, whatever the policy meant to take from the job.
 
