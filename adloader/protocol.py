@@ -168,6 +168,9 @@ class JobSnapshot:
     """Sum over ranks of the workers each loader says it runs."""
     workers_memory_limit: int | None = None
     """Most workers, all ranks, that fit in the job's memory (controller/worker_memory.py); None: not measured."""
+    training_processes_apart: int = 0
+    """Ranks kept out of the job's CPU group, so its weight and quota act on its loaders only
+    (controller/training_processes.py)."""
     achieved_sps: float | None = None
     """Samples/s over the last window, all ranks."""
     max_sps_predicted: float | None = None

@@ -83,6 +83,9 @@ JOB_METRICS: tuple[JobMetric, ...] = (
               lambda j: j.workers_target),
     JobMetric("adloader_job_workers_running", "gauge", "DataLoader workers the job's loaders say they run.",
               lambda j: j.workers_running),
+    JobMetric("adloader_job_training_processes_apart", "gauge",
+              "Ranks kept out of the job's CPU group, so that its weight and quota act on its loaders only.",
+              lambda j: j.training_processes_apart),
     JobMetric("adloader_job_workers_memory_limit", "gauge",
               "Most DataLoader workers, all ranks, that fit in the job's memory limits and the node's reserve; "
               "absent until a worker is measured.", lambda j: j.workers_memory_limit),

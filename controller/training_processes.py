@@ -52,6 +52,8 @@ class _Rank:
     """Consecutive reports with batches but no worker running."""
     stuck: bool = False
     """The kernel refused to move it: left where it is, and said once."""
+    outside: bool = False
+    """Moved out of the job's CPU group by this controller, and not back since."""
     started: int | None = None
     """Its start time (clock ticks after boot, /proc/PID/stat): a pid reused by another process
     after the rank exited has another, and is never moved."""
@@ -100,11 +102,12 @@ class TrainingProcesses:
                 continue
             inside = pid in group_pids
             if rank.apart and inside:
-                self._move(job_id, pid, rank, self.backend.detach,
-                           "moved out of the job's CPU group: its weight and quota act on the job's loaders only")
+                rank.outside = self._move(
+                    job_id, pid, rank, self.backend.detach,
+                    "moved out of the job's CPU group: its weight and quota act on the job's loaders only")
             elif not rank.apart and not inside:
-                self._move(job_id, pid, rank, self.backend.attach,
-                           "moved back into the job's CPU group: it loads in its own process")
+                rank.outside = not self._move(job_id, pid, rank, self.backend.attach,
+                                              "moved back into the job's CPU group: it loads in its own process")
             if rank.apart:
                 for child in children_of(pid, self._proc) - group_pids:
                     try:
@@ -116,16 +119,22 @@ class TrainingProcesses:
                     processes.add(child)
         return processes
 
+    def apart(self, job_id: str) -> int:
+        """How many of the job's ranks this controller keeps out of its CPU group now."""
+        return sum(rank.outside for rank in self._ranks.get(job_id, {}).values())
+
     def forget(self, job_id: str) -> None:
         """The job is gone."""
         self._ranks.pop(job_id, None)
 
-    def _move(self, job_id: str, pid: int, rank: _Rank, move: Callable[[str, int], None], outcome: str) -> None:
+    def _move(self, job_id: str, pid: int, rank: _Rank, move: Callable[[str, int], None], outcome: str) -> bool:
+        """Whether ``move`` moved it; a refusal is said once and never tried again."""
         try:
             move(job_id, pid)
         except BackendError as exc:
             if (self._proc / str(pid)).is_dir():
                 rank.stuck = True
                 log.warning("job %s: training process %d stays where it is: %s", job_id, pid, exc)
-            return
+            return False
         log.info("job %s: training process %d %s", job_id, pid, outcome)
+        return True

@@ -53,6 +53,7 @@ def test_a_rank_with_workers_leaves_the_cpu_group_and_what_it_forks_is_moved_bac
 
     training.reported("job", rank.pid, running_workers=2, batches=4)
     assert training.place("job", backend.pids("job")) == {rank.pid}
+    assert training.apart("job") == 1
     paths = cgroups_of(rank.pid)
     assert (paths["cpu"], paths["cpuacct"]) == ("/", "/")  # back where it came from: the root here
     assert (paths["cpuset"], paths["blkio"]) == (job_path, job_path)  # the job's CPUs and throttles still hold it
@@ -196,5 +197,6 @@ def test_the_controller_keeps_a_jobs_rank_apart_from_its_workers(
     assert all(cgroups_of(pid)["cpu"] == job_path for pid in loaders)  # every loader shares the job's weight
     job_now = next(j for j in controller.status().jobs if j.job_id == snapshot.job_id)
     assert rank in job_now.pids
+    assert job_now.training_processes_apart == (1 if rank_apart else 0)
     stop.touch()
     assert job.wait(60) == 0
