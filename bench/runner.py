@@ -36,6 +36,7 @@ from bench.model_jobs import write_features
 from controller.backends.cgroupfs import write_interface
 from controller.daemon import ControllerConfig
 from controller.policies.oracle import CURVES_VAR
+from controller.training_processes import MODES
 from controller.snapshot import NodeSnapshot
 
 
@@ -190,18 +191,14 @@ def job_command(spec: JobSpec, dataset: Path, timeline: Path, features: Path | N
     return command
 
 
-TRAINING_VARIANTS = ("apart", "with-loaders")
-"""``adloader controller --training-processes`` values a benchmarked policy may name after an ``@``."""
-
-
 def split_variant(policy: str) -> tuple[str, str]:
     """``"adaptive@with-loaders"`` -> ``("adaptive", "with-loaders")``; a plain name runs with the
     controller's default, ``"apart"``. BenchError for another variant, or one on ``oracle``
     (whose split is measured once, under the default)."""
     name, _, training = policy.partition("@")
-    training = training or "apart"
-    if training not in TRAINING_VARIANTS:
-        raise BenchError(f"{policy}: after '@' name how training processes are placed: {', '.join(TRAINING_VARIANTS)}")
+    training = training or MODES[0]
+    if training not in MODES:
+        raise BenchError(f"{policy}: after '@' name how training processes are placed: {', '.join(MODES)}")
     if name == "oracle" and policy != name:
         raise BenchError(f"{policy}: the oracle runs only under the default placement of training processes")
     return name, training

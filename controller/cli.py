@@ -24,6 +24,7 @@ class ConfigError(AdloaderError):
 
 def configure(parser: argparse.ArgumentParser) -> None:
     from controller.policies import policy_names
+    from controller.training_processes import MODES
 
     parser.add_argument("--socket", type=Path, default=None, metavar="PATH",
                         help="Unix socket to serve (default: $ADLOADER_SOCKET, else /run/adloader/adloader.sock "
@@ -52,7 +53,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--memory-reserve", type=_size, default=None, metavar="BYTES",
                         help="node memory no job's DataLoader workers may take, e.g. 4G (default: 5%% of the "
                         "node's memory, at least 1G); workers are also kept within each job's memory cgroup limit")
-    parser.add_argument("--training-processes", choices=["apart", "with-loaders"], default="apart",
+    parser.add_argument("--training-processes", choices=MODES, default=MODES[0],
                         help="apart (default): a rank whose loader runs workers leaves its job's CPU group, so the "
                         "job's weight and quota act on its loaders only and never delay its training steps; "
                         "with-loaders: every process of a job stays in its group")
