@@ -11,7 +11,8 @@ So a rank whose loader runs worker processes is moved out of the job's CPU group
 the cgroup its job came from (the scheduler's; the root on a bare node: see
 ``ResourceBackend.detach``), and whatever it forks (the helper its loader forks workers
 from, and through that the workers) is moved back into the job's group at the next control
-step. A rank that loads in its own process (no workers, batches arriving) stays in the
+step: read from every thread's ``children`` file, one small read per thread of each rank
+apart per step (a rank forks its helper from whichever thread calls ``iter()``). A rank that loads in its own process (no workers, batches arriving) stays in the
 group or returns to it: then its loading is what the group shares. The launcher and
 torchrun never report and stay in the group; the job's CPU time (``cpu_seconds``) is then
 its loading's alone.
@@ -42,6 +43,10 @@ own process. One is not enough: a loader's last batches arrive as its workers st
 of an epoch and in the report a rank sends as it exits."""
 
 
+_MOVED_OUT = "moved out of the job's CPU group: its weight and quota act on the job's loaders only"
+_MOVED_IN = "moved back into the job's CPU group: it loads in its own process"
+
+
 @dataclass
 class _Rank:
     apart: bool = False
@@ -53,7 +58,8 @@ class _Rank:
     stuck: bool = False
     """The kernel refused to move it: left where it is, and said once."""
     outside: bool = False
-    """Moved out of the job's CPU group by this controller, and not back since."""
+    """Out of the job's CPU group at the last step (moved by this controller or, after a
+    restart, by the one before)."""
     started: int | None = None
     """Its start time (clock ticks after boot, /proc/PID/stat): a pid reused by another process
     after the rank exited has another, and is never moved."""
@@ -98,16 +104,12 @@ class TrainingProcesses:
                 del ranks[pid]  # gone (or its pid taken by another process)
                 continue
             processes.add(pid)
-            if rank.stuck:
-                continue
             inside = pid in group_pids
-            if rank.apart and inside:
-                rank.outside = self._move(
-                    job_id, pid, rank, self.backend.detach,
-                    "moved out of the job's CPU group: its weight and quota act on the job's loaders only")
-            elif not rank.apart and not inside:
-                rank.outside = not self._move(job_id, pid, rank, self.backend.attach,
-                                              "moved back into the job's CPU group: it loads in its own process")
+            if inside == rank.apart and not rank.stuck:  # on the wrong side of the job's group
+                move, outcome = (self.backend.detach, _MOVED_OUT) if rank.apart else (self.backend.attach, _MOVED_IN)
+                if self._move(job_id, pid, rank, move, outcome):
+                    inside = not inside
+            rank.outside = not inside
             if rank.apart:
                 for child in children_of(pid, self._proc) - group_pids:
                     try:
@@ -120,7 +122,7 @@ class TrainingProcesses:
         return processes
 
     def apart(self, job_id: str) -> int:
-        """How many of the job's ranks this controller keeps out of its CPU group now."""
+        """How many of the job's ranks were out of its CPU group at the last step."""
         return sum(rank.outside for rank in self._ranks.get(job_id, {}).values())
 
     def forget(self, job_id: str) -> None:
