@@ -71,7 +71,7 @@ class Report(Message):
         "rank": (0, 1 << 20), "world_size": (1, 1 << 20), "batch_size": (1, 1 << 30),
         "samples": (0, MAX_NUMBER), "batches": (0, MAX_NUMBER), "data_wait_s": (0, MAX_NUMBER),
         "compute_s": (0, MAX_NUMBER), "worker_cpu_s": (0, MAX_NUMBER), "read_bytes": (0, MAX_NUMBER),
-        "num_workers": (0, 1024),
+        "worker_load_s": (0, MAX_NUMBER), "num_workers": (0, 1024),
     }
     job_id: str
     rank: int = 0
@@ -83,6 +83,9 @@ class Report(Message):
     compute_s: float = 0.0
     worker_cpu_s: float = 0.0
     read_bytes: int = 0
+    worker_load_s: float = 0.0
+    """Wall seconds the loader spent loading batches, summed over its workers (or its training
+    thread with no worker): over a window, the batches being loaded at once."""
     num_workers: int = 0
     features: dict[str, float] | None = None
     """The job's model features (``adloader.describe_model``), sent with its reports until

@@ -148,6 +148,7 @@ class Reporter:
             compute_s=total.compute_s,
             worker_cpu_s=total.worker_cpu_s,
             read_bytes=total.read_bytes,
+            worker_load_s=total.load_s,
             num_workers=active.running_workers() if active is not None else 0,
             features=None if _features_delivered.is_set() else _model_features,
         )

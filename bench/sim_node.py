@@ -19,7 +19,7 @@ import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from controller.change_clock import ChangeClock, settling, step_period
 from controller.policies.base import JobAllocation, JobView, NodeResources, Policy
@@ -120,6 +120,18 @@ class SimJob:
         return math.inf if denominator <= 0 else p * rate / denominator
 
 
+class _Step(NamedTuple):
+    """What one job's loaders reported over one step of the node."""
+
+    samples: float
+    cpu_s: float
+    seconds: float
+    workers: int
+    """Workers per rank."""
+    load_s: float
+    """Workers' wall seconds loading (Report.worker_load_s)."""
+
+
 @dataclass
 class _Live:
     spec: SimJob
@@ -130,7 +142,7 @@ class _Live:
     ended_at: float | None = None
     estimator: LoadingCurveEstimator = field(default_factory=LoadingCurveEstimator)
     window: deque = field(default_factory=deque)
-    """(samples, cpu seconds, step seconds, workers per rank) per step over the registry's window."""
+    """A _Step per step over the registry's window."""
     m_bias: float = 1.0
 
 
@@ -290,10 +302,11 @@ def simulate(node: SimNode, jobs: Sequence[SimJob], policy: Policy, seed: int = 
 
 def _view(job: _Live, applied: dict[str, JobAllocation]) -> JobView:
     spec = job.spec
-    samples = sum(s for s, _, _, _ in job.window)
-    cpu = sum(c for _, c, _, _ in job.window)
-    span = sum(dt for _, _, dt, _ in job.window)
-    counts = {w for _, _, _, w in job.window}
+    samples = sum(step.samples for step in job.window)
+    cpu = sum(step.cpu_s for step in job.window)
+    span = sum(step.seconds for step in job.window)
+    loading = sum(step.load_s for step in job.window)
+    counts = {step.workers for step in job.window}
     measured_m = spec.max_throughput * job.m_bias if job.done >= 8 * spec.batch_size else None
     return JobView(
         job_id=job.job_id, name=spec.name, gpus=spec.gpus, ranks=spec.ranks,
@@ -304,6 +317,7 @@ def _view(job: _Live, applied: dict[str, JobAllocation]) -> JobView:
         curve_batches=job.estimator.evidence_batches,
         achieved=samples / span if len(job.window) >= 2 else None, batch_size=spec.batch_size,
         steady_workers=counts.pop() if len(job.window) >= 2 and len(counts) == 1 else None,
+        loads_in_flight=loading / span if len(job.window) >= 2 and loading > 0 else None,
         cores_used=cpu / span if len(job.window) >= 2 and span > 0 else None,
         window_batches=samples / spec.batch_size if len(job.window) >= 2 else None,
         remaining_samples=max(0.0, spec.samples - job.done),  # declared, as `adloader run --samples` does
@@ -341,13 +355,17 @@ def _advance(node: SimNode, live: dict[str, _Live], starting: Sequence[_Live], a
                          job.spec.loading_rate(cores[job_id], now - job.spec.arrival_s, inflation[job_id]))
              for job_id, job in live.items()}
     readers = {j: rates[j] * live[j].spec.bytes_per_sample for j in live if live[j].spec.bytes_per_sample > 0}
+    read_s_per_sample: dict[str, float] = {}  # seconds a reader's worker spends reading a sample
     if readers:
         caps = {j: float(applied.get(j, JobAllocation()).read_bps or math.inf) for j in readers}
         wants = {j: min(readers[j], caps[j]) for j in readers}
-        disk = node.disk_bandwidth(sum(workers[j] for j in readers))
+        reads_in_flight = sum(workers[j] for j in readers)
+        disk = node.disk_bandwidth(reads_in_flight)
         given = contended_cores(disk, {j: 1.0 for j in readers}, wants) if math.isfinite(disk) else wants
         for j in readers:
             rates[j] = min(rates[j], given[j] / live[j].spec.bytes_per_sample)
+            if math.isfinite(disk) and disk > 0:  # each read in flight gets an equal share of the disk
+                read_s_per_sample[j] = live[j].spec.bytes_per_sample * reads_in_flight / disk
     for job_id, job in live.items():
         spec = job.spec
         rate = rates[job_id]
@@ -358,12 +376,15 @@ def _advance(node: SimNode, live: dict[str, _Live], starting: Sequence[_Live], a
         batches = _poisson(rng, rate * period / spec.batch_size)
         seen = batches * spec.batch_size * math.exp(rng.gauss(0.0, node.rate_noise))
         cpu = used * period * math.exp(rng.gauss(0.0, node.cpu_noise))
-        job.window.append((seen, cpu, period, workers[job_id] // spec.ranks))
-        while sum(dt for _, _, dt, _ in job.window) > WINDOW_S + 1e-9:
+        # its workers load for the CPU each sample costs and, a reader's, the reads it waits on
+        per_sample_s = spec.cost(now - spec.arrival_s, inflation[job_id]) + read_s_per_sample.get(job_id, 0.0)
+        loading = min(float(workers[job_id]), rate * per_sample_s)
+        job.window.append(_Step(seen, cpu, period, workers[job_id] // spec.ranks, loading * period))
+        while sum(step.seconds for step in job.window) > WINDOW_S + 1e-9:
             job.window.popleft()
-        span = sum(dt for _, _, dt, _ in job.window)
-        window_samples = sum(s for s, _, _, _ in job.window)
-        window_cpu = sum(c for _, c, _, _ in job.window)
+        span = sum(step.seconds for step in job.window)
+        window_samples = sum(step.samples for step in job.window)
+        window_cpu = sum(step.cpu_s for step in job.window)
         if window_cpu > 0:
             job.estimator.observe(window_cpu / span, window_samples / span, batches)
 

@@ -8,7 +8,9 @@ each rank inside the window, summed over ranks:
 - achieved T = d(samples)/dt, the job's samples/s;
 - data-wait ratio = d(data_wait_s) / (d(data_wait_s) + d(compute_s));
 - loader CPU seconds per sample p = d(worker_cpu_s)/d(samples);
-- bytes read per sample b = d(read_bytes)/d(samples).
+- bytes read per sample b = d(read_bytes)/d(samples);
+- loads in flight = d(worker_load_s)/dt, the batches the loader workers were loading at
+  once on average (Little's law: batches/s x seconds each takes to load).
 
 The max throughput M is measured over each rank's whole run instead
 (:func:`run_max_throughput`): a window of a few seconds holds only a few steps of a
@@ -43,6 +45,8 @@ class Rates:
     bytes_per_sample: float | None = None
     loader_cores: float | None = None
     """Cores the loader workers used: d(worker_cpu_s)/dt."""
+    loads_in_flight: float | None = None
+    """Batches being loaded at once, on average: d(worker_load_s)/dt (None: no loader timed it)."""
     batches: float | None = None
     """Batches the ranks delivered over the window: the rates are counted in them."""
 
@@ -71,7 +75,7 @@ class Measurement:
 
 def window_rates(ranks: Mapping[int, RankWindow], now: float, window_s: float) -> Rates:
     """Windowed rates summed over the ranks that reported at least twice in the window."""
-    samples = wait = compute = cpu = read = achieved = max_tp = loader_cores = batches = 0.0
+    samples = wait = compute = cpu = read = achieved = max_tp = loader_cores = batches = loading = 0.0
     have_tp = have_any = False
     for window in ranks.values():
         points = [(t, r) for t, r in window if t >= now - window_s]
@@ -90,6 +94,7 @@ def window_rates(ranks: Mapping[int, RankWindow], now: float, window_s: float) -
         read += last.read_bytes - first.read_bytes
         achieved += d_samples / (t1 - t0)
         loader_cores += (last.worker_cpu_s - first.worker_cpu_s) / (t1 - t0)
+        loading += (last.worker_load_s - first.worker_load_s) / (t1 - t0)
         if d_compute > 0:
             max_tp += d_samples / d_compute
             have_tp = True
@@ -104,6 +109,7 @@ def window_rates(ranks: Mapping[int, RankWindow], now: float, window_s: float) -
         cpu_s_per_sample=cpu / samples if samples > 0 else None,
         bytes_per_sample=read / samples if samples > 0 else None,
         loader_cores=loader_cores if loader_cores > 0 else None,
+        loads_in_flight=loading if loading > 0 else None,
         batches=batches,
     )
 

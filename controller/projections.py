@@ -46,8 +46,8 @@ def view_of(job: "Job", current: JobAllocation) -> JobView:
         loading_curve=job.loading_curve.points(), curve_windows=job.loading_curve.observations,
         curve_batches=job.loading_curve.evidence_batches, achieved=job.measurement.rates.achieved,
         batch_size=max((report.batch_size for report in job.measurement.latest), default=None),
-        steady_workers=job.measurement.steady_workers, cores_used=job.measurement.cores_used,
-        window_batches=job.measurement.rates.batches,
+        steady_workers=job.measurement.steady_workers, loads_in_flight=job.measurement.rates.loads_in_flight,
+        cores_used=job.measurement.cores_used, window_batches=job.measurement.rates.batches,
         remaining_samples=job.remaining,
         length_samples=job.total_samples, current=current,
     )

@@ -172,3 +172,25 @@ def test_change_clock_keeps_each_jobs_remaining_work_as_of_the_last_job_set_chan
     taken_anew = {"a": 6_000.0, "b": 3_000.0, "c": 20_000.0}
     assert step(taken_anew, frozenset({"arrival"})) == taken_anew
     assert step({"a": 5_000.0, "c": 19_000.0}, frozenset({"departure"})) == {"a": 5_000.0, "c": 19_000.0}
+
+
+def test_a_reader_whose_workers_mostly_wait_sheds_them_at_once_while_settling_once_a_minute_after() -> None:
+    """A reader's GPUs take batches slower than one worker loads them (seeded random mix 6): the
+    plan it holds is kept, but its idle workers go, since each joins in at every epoch start. The
+    models do not see them, so no gain threshold would; the once-a-minute rule still holds."""
+    policy = AdaptivePolicy(gain_threshold=0.1, urgent_gain=0.3, min_change_interval_s=60.0, settle_s=10.0)
+    node = NodeResources(cpus=(0, 1))
+    reader = dict(bytes_per_sample=1e6, requested_workers=4, achieved=250.0)  # 250 MB/s: its whole need
+    first = policy.allocate(node, [job("r", 4, 250.0, 0.0002, **reader)])
+    held = dataclasses.replace(first["r"], workers=3)
+
+    def later(loads: float | None, age: float, since_event: float) -> JobAllocation:
+        view = job("r", 4, 250.0, 0.0002, current=held, allocation_age_s=age, since_event_s=since_event,
+                   loads_in_flight=loads, curve_windows=MATURE_CURVE_WINDOWS, **reader)
+        return policy.allocate(node, [view])["r"]
+
+    assert later(0.24, age=5.0, since_event=5.0) == dataclasses.replace(held, workers=1)  # settling: at once
+    assert later(0.24, age=30.0, since_event=300.0) == held  # settled, changed 30 s ago: kept
+    assert later(0.24, age=70.0, since_event=300.0) == dataclasses.replace(held, workers=1)
+    assert later(2.9, age=5.0, since_event=5.0) == held  # all three loading: all three kept
+    assert later(None, age=5.0, since_event=5.0) == held  # not timed: nothing to go by

@@ -535,6 +535,7 @@ def test_counters_measure_batches_samples_worker_cpu_and_disk_reads(tmp_path) ->
             finally:
                 os.close(fd)
             sum(range(20000))  # some CPU
+            time.sleep(0.01)  # and some waiting, which only the loading time counts
             return torch.tensor([i, len(data)])
 
     with open(path, "rb+") as f:
@@ -545,6 +546,7 @@ def test_counters_measure_batches_samples_worker_cpu_and_disk_reads(tmp_path) ->
     assert counters.batches == 4 and counters.samples == 8
     assert counters.worker_cpu_s > 0 and counters.data_wait_s > 0
     assert counters.read_bytes >= 4 << 20, "read_bytes counts what came from storage"
+    assert counters.load_s >= 8 * 0.01, "load_s counts the workers' wall time loading, sleeps included"
 
 
 def test_step_timer_splits_wait_from_compute() -> None:

@@ -215,6 +215,30 @@ def test_a_readers_workers_are_the_reads_in_flight_it_needs_at_the_rate_its_work
     assert workers(NodeResources(cpus=(0, 1)), steady=4, achieved=2000.0) == 2
 
 
+def test_a_readers_reads_in_flight_are_the_time_its_workers_spend_loading_not_all_its_workers() -> None:
+    """Seeded random mix 6: a reader's GPUs take eight batches a second, each loaded in ~30 ms.
+    Its three workers keep up, but load a quarter of the time: one worker would do."""
+    node = NodeResources(cpus=(0, 1))
+
+    def workers(loads_in_flight: float | None, achieved: float, ranks: int = 1, steady: int | None = 3) -> int | None:
+        reader = job("reader", m=1000.0, p=0.001, bytes_per_sample=1e6, requested_workers=8, ranks=ranks,
+                     steady_workers=steady, achieved=achieved, loads_in_flight=loads_in_flight,
+                     current=JobAllocation(workers=3))
+        return make_policy("adaptive").allocate(node, [reader])["reader"].workers
+
+    assert workers(None, achieved=960.0) == 3  # not timed (an older client): all three count
+    assert workers(0.25, achieved=960.0) == 1
+    assert workers(0.25 * 4, achieved=960.0, ranks=4) == 1  # summed over ranks, sized per rank
+    assert workers(1.2, achieved=960.0) == 2  # 1.2 loading at once, at LOADER_BUSY each
+    # the time a batch takes to load holds across a change of count: no need to wait for a steady one
+    assert workers(0.25, achieved=960.0, steady=None) == 1
+    assert workers(None, achieved=960.0, steady=None) == 3  # neither timed nor steady: it keeps what it holds
+    # reads short of the need with every worker loading: as many as before, by the law
+    assert workers(3.0, achieved=500.0) == workers(None, achieved=500.0) == 6
+    # half loading, half the need read: the same reads in flight again
+    assert workers(1.5, achieved=500.0) == 4
+
+
 def test_a_job_bound_by_its_cores_that_reads_a_little_gets_workers_for_its_cores_not_its_reads() -> None:
     """A JPEG job reading its files from a cold page cache reads enough to count as a reader,
     but its workers decode rather than wait: 30 KB a sample takes 0.075 ms at the node's

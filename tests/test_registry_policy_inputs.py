@@ -93,20 +93,22 @@ def test_the_policy_is_told_the_worker_count_a_window_was_measured_at_and_not_a_
 
 
 
-def test_the_policy_is_told_the_batches_and_cores_of_the_window_its_rates_were_counted_in() -> None:
+def test_the_policy_is_told_the_batches_cores_and_loads_in_flight_of_the_window_its_rates_were_counted_in() -> None:
     """A job that has outgrown its model is read from its window's cores against its rate, and
-    trusted only as far as the batches it counted (controller/policies/outgrown.py)."""
+    trusted only as far as the batches it counted (controller/policies/outgrown.py); a reader's
+    workers are sized by the batches its loaders were loading at once (shares.reader_workers)."""
     clock = [100.0]
     registry = Registry(window_s=5.0, clock=lambda: clock[0], wall_clock=lambda: 1.7e9)
     registry.register("j1", name="bert", uid=0, gpus=2, launcher_pid=1, cgroup="/cg/j1")
-    for step in range(12):  # rank 0: 2 batches and half a core a second; rank 1: 1 and a quarter
-        for rank, per_s, cores in ((0, 2, 0.5), (1, 1, 0.25)):
+    for step in range(12):  # rank 0: 2 batches, half a core and 0.6 s loading a second; rank 1: half that
+        for rank, per_s, cores, loading in ((0, 2, 0.5, 0.6), (1, 1, 0.25, 0.3)):
             registry.record_report("j1", protocol.Report(
                 job_id="j1", rank=rank, world_size=2, batch_size=32, samples=32 * per_s * step,
-                batches=per_s * step, worker_cpu_s=cores * step))
+                batches=per_s * step, worker_cpu_s=cores * step, worker_load_s=loading * step))
         clock[0] += 1.0
     registry.measure()
     (view,) = registry.views({})
     # the 5 s window holds the reports of seconds 107-111: four seconds of both ranks
     assert view.window_batches == pytest.approx(3 * 4)
     assert view.cores_used == pytest.approx(0.75)  # no group CPU accounted: the workers' own
+    assert view.loads_in_flight == pytest.approx(0.9)

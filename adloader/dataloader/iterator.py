@@ -210,6 +210,7 @@ class LoaderIterator:
     def _load_here(self, batch: Batch) -> Outcome:
         """Load one batch in the training thread, seeded per batch without disturbing its RNGs."""
         meter = ResourceMeter(scope="thread-self")
+        started = time.perf_counter()
         try:
             with isolated_global_rng():
                 seed_all(batch.seed)
@@ -227,7 +228,7 @@ class LoaderIterator:
             outcome = Outcome(skip=True)
         except Exception as exc:  # noqa: BLE001 - raised at this batch, as torch's single-process loader does
             outcome = Outcome(error=exc)
-        self._counters.add_usage(meter.delta())
+        self._counters.add_usage(meter.delta(time.perf_counter() - started))
         self.epoch.resolve(batch, outcome)
         return outcome
 

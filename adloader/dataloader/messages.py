@@ -3,8 +3,8 @@ class each.
 
 NamedTuples: named, typed fields for the reader, and pickled as cheaply as the plain tuples they
 replace (a batch's header is sent with every batch, so the small-batch loader pays for every byte).
-Each worker-to-dispatcher message carries ``usage``: the worker's CPU seconds and storage read
-bytes since its previous message (see stats.ResourceMeter).
+Each worker-to-dispatcher message carries ``usage``: the worker's CPU seconds, storage read
+bytes and wall seconds spent loading batches since its previous message (see stats.ResourceMeter).
 
   dispatcher -> worker: Task, Retire, Stop
   worker -> dispatcher: Ready, InitFailed, Result (then the batch itself as a separate message of
@@ -20,10 +20,12 @@ from typing import Any, NamedTuple
 
 
 class Usage(NamedTuple):
-    """A process's (or thread's) CPU seconds and storage read bytes over some interval."""
+    """A process's (or thread's) CPU seconds and storage read bytes over some interval, and the
+    wall seconds of it spent loading batches (fetch, collate and pickle; not waiting for a task)."""
 
     cpu_s: float
     read_bytes: int
+    load_s: float = 0.0
 
 
 class WorkerIdentity(NamedTuple):

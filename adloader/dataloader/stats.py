@@ -7,7 +7,9 @@ counters, so no lock is needed; a reader may see a report a batch old.
 
 Worker CPU seconds and read bytes are measured *by each worker about itself*
 and sent with every batch: ``time.process_time()`` deltas and the
-``read_bytes`` field of ``/proc/self/io``. ``read_bytes`` counts bytes the
+``read_bytes`` field of ``/proc/self/io``; so is the wall time it spent loading
+its batches (``load_s``): summed over a window and divided by it, the batches
+being loaded at once, which is what a reader's worker count is sized by. ``read_bytes`` counts bytes the
 process caused to be fetched from storage; page-cache hits do not count (they
 show only in ``rchar``), so a dataset that fits in the page cache reads ~0
 bytes per sample after the first epoch. That is the quantity the controller
@@ -33,6 +35,7 @@ class LoaderCounters:
     compute_s: float = 0.0
     worker_cpu_s: float = 0.0
     read_bytes: int = 0
+    load_s: float = 0.0
 
     def __add__(self, other: "LoaderCounters") -> "LoaderCounters":
         return LoaderCounters(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
@@ -41,9 +44,10 @@ class LoaderCounters:
         return LoaderCounters(**{f.name: getattr(self, f.name) for f in fields(self)})
 
     def add_usage(self, usage: Usage) -> None:
-        """Count a worker's (or the training thread's) CPU seconds and read bytes for its batches."""
+        """Count a worker's (or the training thread's) CPU seconds, read bytes and loading time."""
         self.worker_cpu_s += usage.cpu_s
         self.read_bytes += usage.read_bytes
+        self.load_s += usage.load_s
 
 
 class ResizeLatencies:
@@ -91,10 +95,11 @@ class ResourceMeter:
         self._read = 0
         self._read = self._read_bytes()
 
-    def delta(self) -> Usage:
+    def delta(self, load_s: float = 0.0) -> Usage:
+        """Usage since the previous call; ``load_s``: the wall seconds of it the caller timed loading."""
         cpu = self._cpu_clock()
         read = self._read_bytes()
-        delta = Usage(cpu_s=max(0.0, cpu - self._cpu), read_bytes=max(0, read - self._read))
+        delta = Usage(cpu_s=max(0.0, cpu - self._cpu), read_bytes=max(0, read - self._read), load_s=load_s)
         self._cpu, self._read = cpu, read
         return delta
 

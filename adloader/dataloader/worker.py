@@ -16,6 +16,7 @@ The messages are the typed classes of messages.py.
 from __future__ import annotations
 
 import os
+import time
 from collections import deque
 from multiprocessing.connection import Connection
 
@@ -76,6 +77,7 @@ def _serve(conn: Connection, spec: FetchSpec, meter: ResourceMeter, worker_id: i
             else:  # Stop
                 return
         task = tasks.popleft()
+        started = time.perf_counter()
         seed_all(task.seed)
         try:
             if spec.iterable:
@@ -86,7 +88,7 @@ def _serve(conn: Connection, spec: FetchSpec, meter: ResourceMeter, worker_id: i
                 data, n_samples = fetch_map(spec, task.payload)
             failed = False
         except StreamEnded:
-            conn.send(Ended(task.epoch, task.batch, meter.delta()))
+            conn.send(Ended(task.epoch, task.batch, meter.delta(time.perf_counter() - started)))
             continue
         except Exception:
             data, n_samples, failed = ExceptionWrapper(where=f"in loader worker {worker_id}"), 0, True
@@ -97,7 +99,7 @@ def _serve(conn: Connection, spec: FetchSpec, meter: ResourceMeter, worker_id: i
             n_samples, failed = 0, True
         del data
         try:
-            conn.send(Result(task.epoch, task.batch, n_samples, failed, meter.delta()))
+            conn.send(Result(task.epoch, task.batch, n_samples, failed, meter.delta(time.perf_counter() - started)))
             conn.send_bytes(pickled)
         except (BrokenPipeError, ConnectionResetError):
             return

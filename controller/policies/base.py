@@ -89,6 +89,9 @@ class JobView:
     steady_workers: int | None = None
     """Loader workers per rank the job ran throughout that window (its rates were measured at
     this count); None: the count changed inside it, or is not known."""
+    loads_in_flight: float | None = None
+    """Batches the job's loaders were loading at once over that window, on average, summed over
+    its ranks (its workers' wall time loading / the window); None: not timed (an older client)."""
     cores_used: float | None = None
     """Cores the job's group used over that window (its loader workers' where the group's CPU
     time is not accounted); None: not measured yet."""

@@ -49,6 +49,10 @@ READS_KEEP_UP = 0.9
 """A reader reading at least this share of what it needs gets no more workers than it reads
 with (:func:`reader_workers`): its reads keep up, and what it lacks is not reads in flight."""
 
+LOADER_BUSY = 0.75
+"""The share of its time a reader's worker is planned to spend loading (:func:`reader_workers`):
+the rest absorbs the batches that load slower than the mean."""
+
 IO_FLOOR_FRACTION = 0.01
 """Each job keeps at least this fraction of the bandwidth, so a job that starts reading
 from the device (a cold page cache) is seen reading and measured instead of stalling."""
@@ -269,21 +273,40 @@ def reader_workers(job: JobView, need_bps: float, limit: int) -> int:
     count w (JobView.steady_workers): by Little's law reads in flight = rate x latency, and
     at that latency it takes ceil(w x need / read) workers: w, or fewer where it reads well
     beyond its need, more where it reads less. Before its count was steady for a window it
-    keeps the workers it holds, or gets those it asked for. Its CPU weight still caps its CPU.
+    keeps the workers it holds, or gets those it asked for, unless its loading was timed (below).
+    Its CPU weight still caps its CPU.
 
     A reader reading within ``READS_KEEP_UP`` of its need gets no more workers than it reads
     with: a reader whose reads keep its GPUs busy still counts a little short of its full
     speed (its epoch starts, and a rate counted in whole batches over a one-second window),
     and by the law alone every such reader got one worker more than it read with. On seeded
     random mix 6 a 4-GPU reader at 96% of its need (eight 32-sample batches a second) went
-    from 3 workers to 4; the even split ran it on one and it was busier (0.97 against 0.955)."""
+    from 3 workers to 4; the even split ran it on one and it was busier (0.97 against 0.955).
+
+    The reads in flight are the workers' measured loading time over the window
+    (JobView.loads_in_flight), not all w of them, where the loader timed it: a reader whose GPUs
+    take batches slower than its workers load them has workers idle, waiting for a task, and
+    counting them all kept it at three where one loaded each batch in 26-30 ms, eight a second
+    (random mix 6). Its workers then paid at each epoch start, their first reads sharing the
+    device: 35-49 ms before the first batch against one worker's 26-30, and its 256-sample
+    epochs last a second. A worker is counted as needed at LOADER_BUSY busy, so a loader
+    keeping up with a queue of tasks is not cut to the last worker it needs on average. Timed
+    loading holds across a change of count (the time a batch takes to load, not the count,
+    is what it measures), so it is used before the count was steady for a window: waiting
+    for that put the cut of random mix 6's reader 4.5-7.5 s after its first report, past the
+    5 s settle goal."""
     asked = min(job.requested_workers or limit, limit)
+    held = min(job.current.workers or asked, asked)
     reading = (job.achieved or 0.0) * (job.bytes_per_sample or 0.0)
-    if not job.steady_workers or reading <= 0:
-        return min(job.current.workers or asked, asked)
-    in_flight = math.ceil(job.steady_workers * need_bps / reading - 1e-9)
+    if reading <= 0 or not (job.steady_workers or job.loads_in_flight is not None):
+        return held
+    workers = job.steady_workers or held
+    loading = float(workers)
+    if job.loads_in_flight is not None:
+        loading = min(loading, job.loads_in_flight / max(1, job.ranks) / LOADER_BUSY)
+    in_flight = math.ceil(loading * need_bps / reading - 1e-9)
     if reading >= READS_KEEP_UP * need_bps:
-        in_flight = min(in_flight, job.steady_workers)
+        in_flight = min(in_flight, workers)
     return max(1, min(asked, in_flight))
 
 
