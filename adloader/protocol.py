@@ -196,6 +196,8 @@ class JobSnapshot:
     data_wait_seconds_total: float = 0.0
     compute_seconds_total: float = 0.0
     loader_cpu_seconds_total: float = 0.0
+    loader_load_seconds_total: float = 0.0
+    """Wall seconds the loader workers spent loading batches (its rate: batches loaded at once)."""
     read_bytes_total: int = 0
     cpu_seconds_total: float = 0.0
     """CPU time of the whole cgroup (cpuacct / cpu.stat)."""

@@ -89,6 +89,7 @@ def snapshot_of(job: "Job", allocation: JobAllocations, pids: set[int]) -> JobSn
         data_wait_seconds_total=sum(r.data_wait_s for r in latest),
         compute_seconds_total=sum(r.compute_s for r in latest),
         loader_cpu_seconds_total=sum(r.worker_cpu_s for r in latest),
+        loader_load_seconds_total=sum(r.worker_load_s for r in latest),
         read_bytes_total=sum(r.read_bytes for r in latest),
         cpu_seconds_total=measured.cpu_seconds,
     )

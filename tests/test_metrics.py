@@ -38,7 +38,8 @@ RESNET = _job(
     "j-1", "resnet50", ranks_reporting=2, batch_size=64, cores=2.5, read_bps=50_000_000, workers_target=6,
     workers_running=5, achieved_sps=410.0, max_sps_predicted=520.0, max_sps_measured=500.0, gpu_idle_ratio=0.18,
     data_wait_ratio=0.2, samples_total=12800, data_wait_seconds_total=7.5, compute_seconds_total=30.0,
-    loader_cpu_seconds_total=55.0, read_bytes_total=3_000_000_000, cpu_seconds_total=60.0,
+    loader_cpu_seconds_total=55.0, loader_load_seconds_total=21.0, read_bytes_total=3_000_000_000,
+    cpu_seconds_total=60.0,
     failed_to_apply={"cpus": "cpuset.cpus: Invalid argument"},
 )
 BERT = _job("j-2", "bert", state="starting")  # registered, nothing measured yet
@@ -92,6 +93,7 @@ def test_every_job_field_is_exported_with_its_value_and_both_job_labels(scraper:
     assert samples[key("adloader_job_read_bandwidth_limit_bytes_per_second")] == 50e6
     assert samples[key("adloader_job_data_wait_seconds_total")] == 7.5
     assert samples[key("adloader_job_read_bytes_total")] == 3e9
+    assert samples[key("adloader_job_loader_load_seconds_total")] == 21.0
     assert samples[key("adloader_job_samples_total")] == 12800
     assert samples[key("adloader_job_unapplied_limits")] == 1
     for spec in JOB_METRICS:

@@ -44,6 +44,7 @@ def test_a_job_reports_its_loader_and_follows_the_worker_target(controller: Cont
     assert snap.workers_target < 3, "one core (--cpus 0) under the even policy asks for fewer workers"
     assert snap.ranks_reporting == 1 and snap.batch_size == 4
     assert snap.loader_cpu_seconds_total > 0 and snap.compute_seconds_total > 0
+    assert snap.loader_load_seconds_total > 0, "the workers' loading time reaches the status"
     (tmp_path / "stop").touch()
     assert job.wait(60) == 0, job.output()
     result = json.loads((tmp_path / "rank0.json").read_text())
