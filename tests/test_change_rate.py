@@ -194,3 +194,14 @@ def test_a_reader_whose_workers_mostly_wait_sheds_them_at_once_while_settling_on
     assert later(0.24, age=70.0, since_event=300.0) == dataclasses.replace(held, workers=1)
     assert later(2.9, age=5.0, since_event=5.0) == held  # all three loading: all three kept
     assert later(None, age=5.0, since_event=5.0) == held  # not timed: nothing to go by
+    # no loading curve yet (its share a placeholder), M measured: the cut needs no model
+    unmodelled = JobView(job_id="r", name="r", gpus=4, max_throughput=250.0, current=held, loads_in_flight=0.24,
+                         allocation_age_s=1.0, since_event_s=1.0, **reader)
+    assert policy.allocate(node, [unmodelled])["r"].workers == 1
+    # its M only predicted: no basis for a cut
+    predicted = dataclasses.replace(unmodelled, max_throughput_interval=(200.0, 300.0))
+    assert policy.allocate(node, [predicted])["r"].workers == held.workers
+    # a job that computes more than it reads is no reader: its workers follow its cores
+    computing = dataclasses.replace(unmodelled, cpu_s_per_sample=0.01)
+    assert policy.allocate(NodeResources(cpus=(0, 1), read_bps=400e6, read_device="8:0"), [computing])["r"].workers \
+        == held.workers

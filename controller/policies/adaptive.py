@@ -65,6 +65,8 @@ from controller.policies.shares import (
     allocations,
     contended_bandwidth,
     floors,
+    idle_reader_workers,
+    managed_bandwidth,
     measured_model,
     predicted_busy,
     predicted_objective,
@@ -150,7 +152,7 @@ class AdaptivePolicy:
         models, equals = pool_equal_worth(measured, worth, weights, counted_batches(jobs), widest=FINISH_FACTOR)
         target = self._target(node, jobs, models, weights, equals)
         if self._keep_current(node, jobs, models, weights, target, equals, outgrown):
-            return self._kept(node, jobs, models, target, outgrown)
+            return self._kept(node, jobs, outgrown)
         self._held_back = ()
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s: models behind the new allocation: %s", self.name, "; ".join(
@@ -160,7 +162,7 @@ class AdaptivePolicy:
                 if (m := models.get(job.job_id)) else f"{job.name}: not measured yet"
                 for job in jobs
             ))
-        return target
+        return self._idle_workers_cut(node, jobs, _without_idle_workers(node, jobs, target))
 
     def _target(
         self,
@@ -210,20 +212,24 @@ class AdaptivePolicy:
             self.workers_per_core, self.reader_workers_per_core,
         )
 
-    def _kept(self, node: NodeResources, jobs: Sequence[JobView], models: Mapping[str, JobModel],
-              target: Allocation, outgrown: frozenset[str]) -> Allocation:
-        """The current allocation, kept; its readers' idle workers shed (:func:`_shed_idle_readers`)
-        where the once-a-minute rule allows a change, each logged once with its reason."""
+    def _kept(self, node: NodeResources, jobs: Sequence[JobView], outgrown: frozenset[str]) -> Allocation:
+        """The current allocation, kept; its readers' idle workers shed (:func:`_without_idle_workers`)
+        where the once-a-minute rule allows a change."""
         kept = {job.job_id: job.current for job in jobs}
-        shed = _shed_idle_readers(node, jobs, models, target, kept)
+        shed = _without_idle_workers(node, jobs, kept)
         if shed == kept or self._too_soon(jobs, shed, outgrown):
             return kept
+        return self._idle_workers_cut(node, jobs, shed)
+
+    def _idle_workers_cut(self, node: NodeResources, jobs: Sequence[JobView], allocation: Allocation) -> Allocation:
+        """``allocation``, each reader it gives fewer workers than it holds for their idleness logged."""
         for job in jobs:
-            if shed[job.job_id] != kept[job.job_id]:
-                log.info("%s: %s loads %.2f batches at once on %d workers a rank: %d kept, as many as its "
-                         "reads need", self.name, job.name, (job.loads_in_flight or 0.0) / max(1, job.ranks),
-                         kept[job.job_id].workers, shed[job.job_id].workers)
-        return shed
+            workers = allocation[job.job_id].workers
+            if workers is not None and job.current.workers is not None and workers < job.current.workers \
+                    and workers == idle_reader_workers(job, managed_bandwidth(node)):
+                log.info("%s: %s keeps up loading %.2f batches at once a rank: %d workers, not %d", self.name,
+                         job.name, (job.loads_in_flight or 0.0) / max(1, job.ranks), workers, job.current.workers)
+        return allocation
 
     def _keep_current(
         self,
@@ -370,29 +376,21 @@ def _evens_outgrown(
                for group in groups)
 
 
-def _shed_idle_readers(
-    node: NodeResources,
-    jobs: Sequence[JobView],
-    models: Mapping[str, JobModel],
-    target: Allocation,
-    kept: Allocation,
-) -> Allocation:
-    """``kept``, except that a reader the target gives fewer workers than it holds, at the
-    bandwidth it holds, gets the target's count (shares.reader_workers: its workers, timed,
-    load less than it takes them all). The
-    models do not see the workers a reader waits with, so the cut gains nothing by them and
-    never passes the gain threshold; but every worker of a reader whose GPUs take batches
-    slower than one worker loads them joins in at each epoch start, its first reads sharing
-    the device. The caller applies it under the once-a-minute rule, as any change: on seeded
-    random mix 6 a 4-GPU reader kept the three workers of its placeholder share through its
-    first 11 s alone, where one loaded its eight batches a second."""
-    readers = workers_follow_reads(node, models)
-    result = dict(kept)
+def _without_idle_workers(node: NodeResources, jobs: Sequence[JobView], allocation: Allocation) -> Allocation:
+    """``allocation``, except that a reader keeping up with its GPUs on workers that mostly wait
+    gets only the workers its timed loading needs (shares.idle_reader_workers). The models do
+    not see those workers, so a plan cut to them gains nothing and would never pass the gain
+    threshold; but each joins in at every epoch start, its first reads sharing the device. On
+    seeded random mix 6 a 4-GPU reader loaded 0.18-0.26 batches at once on the three workers of
+    its placeholder share, and kept them through its first 11 s alone. The cut needs no model
+    (that reader's first plan came 4.5-7.5 s after its first report, a settle past the 5 s
+    goal), only the job's measured M and timed loading."""
+    result = dict(allocation)
     for job in jobs:
-        held, planned = kept[job.job_id], target[job.job_id]
-        if (job.job_id in readers and job.loads_in_flight is not None and held.read_bps == planned.read_bps
-                and held.workers is not None and planned.workers is not None and planned.workers < held.workers):
-            result[job.job_id] = replace(held, workers=planned.workers)
+        given = allocation[job.job_id]
+        needed = idle_reader_workers(job, managed_bandwidth(node))
+        if needed is not None and given.workers is not None and needed < given.workers:
+            result[job.job_id] = replace(given, workers=needed)
     return result
 
 

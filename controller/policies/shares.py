@@ -310,6 +310,27 @@ def reader_workers(job: JobView, need_bps: float, limit: int) -> int:
     return max(1, min(asked, in_flight))
 
 
+def idle_reader_workers(job: JobView, bandwidth: float | None) -> int | None:
+    """The workers per rank a reader keeping up with its GPUs needs by its timed loading, where
+    fewer than it holds: ceil(its loads in flight a rank / LOADER_BUSY), at least one. A reader
+    here waits on the device more than it computes: a sample's bytes at ``bandwidth`` (the
+    node's managed read bandwidth; None: not managed, any job reading is one) take longer than
+    its CPU for it. It keeps up when it delivers READS_KEEP_UP of its measured M (a predicted M
+    is no basis for a cut). None: not such a reader, not timed, or no worker to spare. Needs
+    no loading curve: only the window's rates and its loaders' timing (see reader_workers)."""
+    held = job.current.workers
+    if not held or job.loads_in_flight is None or not job.achieved or not job.max_throughput \
+            or job.max_throughput_interval is not None or job.achieved < READS_KEEP_UP * job.max_throughput:
+        return None
+    bytes_per_sample = job.bytes_per_sample or 0.0
+    if bytes_per_sample * job.achieved < READER_BYTES_PER_S:
+        return None
+    if bandwidth is not None and bytes_per_sample / bandwidth < (job.cpu_s_per_sample or 0.0):
+        return None
+    needed = max(1, math.ceil(job.loads_in_flight / max(1, job.ranks) / LOADER_BUSY - 1e-9))
+    return needed if needed < held else None
+
+
 def contended_cores(total: float, weights: Mapping[str, float], demands: Mapping[str, float]) -> dict[str, float]:
     """What the kernel gives each job of ``total`` cores: weighted max-min fair shares,
     a job never getting more than it ``demands`` (inf: all it can get)."""
