@@ -292,9 +292,7 @@ def reader_workers(job: JobView, need_bps: float, limit: int) -> int:
     epochs last a second. A worker is counted as needed at LOADER_BUSY busy, so a loader
     keeping up with a queue of tasks is not cut to the last worker it needs on average. Timed
     loading holds across a change of count (the time a batch takes to load, not the count,
-    is what it measures), so it is used before the count was steady for a window: waiting
-    for that put the cut of random mix 6's reader 4.5-7.5 s after its first report, past the
-    5 s settle goal."""
+    is what it measures), so it is used before the count was steady for a window."""
     asked = min(job.requested_workers or limit, limit)
     held = min(job.current.workers or asked, asked)
     reading = (job.achieved or 0.0) * (job.bytes_per_sample or 0.0)
@@ -303,7 +301,7 @@ def reader_workers(job: JobView, need_bps: float, limit: int) -> int:
     workers = job.steady_workers or held
     loading = float(workers)
     if job.loads_in_flight is not None:
-        loading = min(loading, job.loads_in_flight / max(1, job.ranks) / LOADER_BUSY)
+        loading = min(loading, _busy_workers(job))
     in_flight = math.ceil(loading * need_bps / reading - 1e-9)
     if reading >= READS_KEEP_UP * need_bps:
         in_flight = min(in_flight, workers)
@@ -327,8 +325,14 @@ def idle_reader_workers(job: JobView, bandwidth: float | None) -> int | None:
         return None
     if bandwidth is not None and bytes_per_sample / bandwidth < (job.cpu_s_per_sample or 0.0):
         return None
-    needed = max(1, math.ceil(job.loads_in_flight / max(1, job.ranks) / LOADER_BUSY - 1e-9))
+    needed = max(1, math.ceil(_busy_workers(job) - 1e-9))
     return needed if needed < held else None
+
+
+def _busy_workers(job: JobView) -> float:
+    """Workers per rank that load the batches ``job``'s loaders were timed loading at once, each
+    LOADER_BUSY of its time."""
+    return (job.loads_in_flight or 0.0) / max(1, job.ranks) / LOADER_BUSY
 
 
 def contended_cores(total: float, weights: Mapping[str, float], demands: Mapping[str, float]) -> dict[str, float]:
