@@ -162,7 +162,9 @@ class AdaptivePolicy:
                 if (m := models.get(job.job_id)) else f"{job.name}: not measured yet"
                 for job in jobs
             ))
-        return self._idle_workers_cut(node, jobs, _without_idle_workers(node, jobs, target))
+        target, cut = _without_idle_workers(node, jobs, target)
+        self._log_cuts(cut, target)
+        return target
 
     def _target(
         self,
@@ -216,20 +218,19 @@ class AdaptivePolicy:
         """The current allocation, kept; its readers' idle workers shed (:func:`_without_idle_workers`)
         where the once-a-minute rule allows a change."""
         kept = {job.job_id: job.current for job in jobs}
-        shed = _without_idle_workers(node, jobs, kept)
-        if shed == kept or self._too_soon(jobs, shed, outgrown):
+        shed, cut = _without_idle_workers(node, jobs, kept)
+        if not cut or self._too_soon(jobs, shed, outgrown):
             return kept
-        return self._idle_workers_cut(node, jobs, shed)
+        self._log_cuts(cut, shed)
+        return shed
 
-    def _idle_workers_cut(self, node: NodeResources, jobs: Sequence[JobView], allocation: Allocation) -> Allocation:
-        """``allocation``, each reader it gives fewer workers than it holds for their idleness logged."""
-        for job in jobs:
+    def _log_cuts(self, cut: Sequence[JobView], allocation: Allocation) -> None:
+        """Log once, at INFO, each reader whose workers ``allocation`` cuts below what it holds."""
+        for job in cut:
             workers = allocation[job.job_id].workers
-            if workers is not None and job.current.workers is not None and workers < job.current.workers \
-                    and workers == idle_reader_workers(job, managed_bandwidth(node)):
+            if job.current.workers is not None and workers is not None and workers < job.current.workers:
                 log.info("%s: %s keeps up loading %.2f batches at once a rank: %d workers, not %d", self.name,
                          job.name, (job.loads_in_flight or 0.0) / max(1, job.ranks), workers, job.current.workers)
-        return allocation
 
     def _keep_current(
         self,
@@ -376,7 +377,8 @@ def _evens_outgrown(
                for group in groups)
 
 
-def _without_idle_workers(node: NodeResources, jobs: Sequence[JobView], allocation: Allocation) -> Allocation:
+def _without_idle_workers(node: NodeResources, jobs: Sequence[JobView], allocation: Allocation
+                          ) -> tuple[Allocation, tuple[JobView, ...]]:
     """``allocation``, except that a reader keeping up with its GPUs on workers that mostly wait
     gets only the workers its timed loading needs (shares.idle_reader_workers). The models do
     not see those workers, so a plan cut to them gains nothing and would never pass the gain
@@ -384,14 +386,17 @@ def _without_idle_workers(node: NodeResources, jobs: Sequence[JobView], allocati
     seeded random mix 6 a 4-GPU reader loaded 0.18-0.26 batches at once on the three workers of
     its placeholder share, and kept them through its first 11 s alone. The cut needs no model
     (that reader's first plan came 4.5-7.5 s after its first report, a settle past the 5 s
-    goal), only the job's measured M and timed loading."""
+    goal), only the job's measured M and timed loading. Also returns the jobs it cut."""
+    bandwidth = managed_bandwidth(node)
     result = dict(allocation)
+    cut: list[JobView] = []
     for job in jobs:
         given = allocation[job.job_id]
-        needed = idle_reader_workers(job, managed_bandwidth(node))
+        needed = idle_reader_workers(job, bandwidth)
         if needed is not None and given.workers is not None and needed < given.workers:
             result[job.job_id] = replace(given, workers=needed)
-    return result
+            cut.append(job)
+    return result, tuple(cut)
 
 
 def _plan_anew(jobs: Sequence[JobView]) -> bool:
