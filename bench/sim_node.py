@@ -161,6 +161,8 @@ class SimResult:
     """Arrivals, departures and phase changes (simulated seconds)."""
     decision_s: list[float]
     reverts: int
+    phase_events: frozenset[float] = frozenset()
+    """Those of ``events`` at which a job changed phase and none arrived or departed."""
 
     @property
     def gpu_busy(self) -> float:
@@ -247,6 +249,7 @@ def simulate(node: SimNode, jobs: Sequence[SimJob], policy: Policy, seed: int = 
     applied: dict[str, JobAllocation] = {}
     steps: list[StepRecord] = []
     events: list[float] = []
+    phase_events: set[float] = set()
     decision_s: list[float] = []
     counter = 0
     phase_changes = sorted(job.arrival_s + start for job in jobs for start, _ in job.phases)
@@ -271,6 +274,8 @@ def simulate(node: SimNode, jobs: Sequence[SimJob], policy: Policy, seed: int = 
             step_events.add("departure")
         if step_events or phased:
             events.append(now)
+            if not step_events:
+                phase_events.add(now)
         if not live:
             now = now + node.period_s if starting else pending[0].arrival_s if pending else now
             continue
@@ -296,7 +301,8 @@ def simulate(node: SimNode, jobs: Sequence[SimJob], policy: Policy, seed: int = 
         jobs={j.spec.name: {"gpus": float(j.spec.gpus), "busy_s": j.busy_s, "wall_s": j.wall_s,
                             "jct_s": (j.ended_at or now) - j.spec.arrival_s,
                             "curve_phase_changes": float(j.estimator.phase_changes)} for j in finished},
-        steps=steps, events=events, decision_s=decision_s, reverts=net.reverts if net else 0,
+        steps=steps, events=events, phase_events=frozenset(phase_events), decision_s=decision_s,
+        reverts=net.reverts if net else 0,
     )
 
 

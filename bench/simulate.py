@@ -12,7 +12,8 @@ Two parts, both pure CPU, faster than real time, every figure SIMULATED:
    over the first two minutes. Reported per policy (static, even, adaptive, oracle, and
    oracle_phased: the oracle re-searched on the true curves whenever a job changes phase, the
    bound for a controller that follows phases):
-   GPU-weighted busy fraction, slowest settle after an arrival or departure, allocation
+   GPU-weighted busy fraction, slowest settle after an arrival or departure and, apart, after a
+   phase change (the node benchmark's ``settle_s`` and ``phase_settle_s``), allocation
    changes per job-minute, decision time per step, safety-net reverts. ``oracle`` is the
    better of the static splits best for the jobs' first and for their last phases.
    Crossing phases (``crossing_mix``): oversubscribed mixes in which every job changes phase,
@@ -209,12 +210,15 @@ def run_policy(name: str, node: SimNode, jobs: Sequence[SimJob], seed: int) -> S
 
 # ---------------------------------------------------------------------------------------- scoring
 
-def settle_times(result: SimResult) -> list[float]:
-    """For each arrival or departure: seconds until the last change of any job's quota, weight
-    or workers before the next event (bench/report.py's rule, on the simulated steps)."""
+def settle_times(result: SimResult, after_phases: bool = False) -> list[float]:
+    """For each arrival or departure (``after_phases``: each phase change instead): seconds until
+    the last change of any job's quota, weight or workers before the next event (bench/report.py's
+    rule, on the simulated steps: ``settle_s`` and ``phase_settle_s`` of the node benchmark)."""
     steps = result.steps
     times = []
     for n, event in enumerate(result.events):
+        if (event in result.phase_events) != after_phases:
+            continue
         end = result.events[n + 1] if n + 1 < len(result.events) else math.inf
         window = [s for s in steps if event <= s.t < end]
         last = event
@@ -238,11 +242,12 @@ def changes_per_job_minute(result: SimResult) -> float:
 
 
 def score(result: SimResult) -> dict[str, Any]:
-    settle = settle_times(result)
+    settle, phase_settle = settle_times(result), settle_times(result, after_phases=True)
     return {
         "gpu_busy": result.gpu_busy,
         "settle_s_max": max(settle, default=0.0),
         "settle_s_median": statistics.median(settle) if settle else 0.0,
+        "phase_settle_s_max": max(phase_settle, default=None),
         "changes_per_job_minute": changes_per_job_minute(result),
         "decision_ms_mean": 1000 * statistics.fmean(result.decision_s) if result.decision_s else 0.0,
         "decision_ms_max": 1000 * max(result.decision_s, default=0.0),
@@ -273,6 +278,11 @@ def node_row(node: SimNode, n_jobs: int, n_mixes: int, make_mix: Callable[[int, 
             "adaptive_ratio_min": {k: min(v) for k, v in ratios.items()},
             "adaptive_ratio_max": {k: max(v) for k, v in ratios.items()},
             "adaptive_ratio_median": {k: statistics.median(v) for k, v in ratios.items()}}
+
+
+def slowest_phase_settle(mixes: Sequence[dict[str, Any]]) -> float:
+    """adaptive's slowest settle after a phase change over ``mixes`` (0 when none changed phase)."""
+    return max((m["policies"]["adaptive"]["phase_settle_s_max"] or 0.0 for m in mixes), default=0.0)
 
 
 # ---------------------------------------------------------------------------------------- reality check
@@ -317,38 +327,48 @@ def main(argv: Sequence[str] | None = None) -> int:
     scale = []
     print("SIMULATED (bench/sim_node.py): GPU-weighted busy, medians over mixes")
     print(f"{'node':>10} {'jobs':>4} {'static':>7} {'even':>7} {'adapt':>7} {'oracle':>7} {'a/static':>8} "
-          f"{'a/even':>7} {'a/oracle':>8} {'phased/o':>8} {'settle':>7} {'chg/j-min':>9} {'ms/step':>8}")
+          f"{'a/even':>7} {'a/oracle':>8} {'phased/o':>8} {'settle':>7} {'phase':>6} {'chg/j-min':>9} {'ms/step':>8}")
     for cores in args.cores:
         for n in args.jobs:
             row = node_row(sim_node(cores), n, args.mixes, scale_mix, POLICIES)
             mixes, summary, med = row["mixes"], row["gpu_busy_median"], row["adaptive_ratio_median"]
             settle = max(m["policies"]["adaptive"]["settle_s_max"] for m in mixes)
+            phase_settle = slowest_phase_settle(mixes)
             changes = statistics.median(m["policies"]["adaptive"]["changes_per_job_minute"] for m in mixes)
             decision = statistics.fmean(m["policies"]["adaptive"]["decision_ms_mean"] for m in mixes)
-            scale.append({**row, "adaptive_settle_s_max": settle, "adaptive_changes_per_job_minute_median": changes,
+            scale.append({**row, "adaptive_settle_s_max": settle, "adaptive_phase_settle_s_max": phase_settle,
+                          "adaptive_changes_per_job_minute_median": changes,
                           "adaptive_decision_ms_mean": decision})
             print(f"{cores:>5}c/8g {n:>4} {summary['static']:>7.3f} {summary['even']:>7.3f} {summary['adaptive']:>7.3f} "
                   f"{summary['oracle']:>7.3f} {med['adaptive_vs_static']:>7.3f}x {med['adaptive_vs_even']:>6.3f}x "
                   f"{med['adaptive_vs_oracle']:>7.3f}x {med['oracle_phased_vs_oracle']:>7.3f}x {settle:>6.1f}s "
-                  f"{changes:>9.2f} {decision:>8.2f}")
+                  f"{phase_settle:>5.1f}s {changes:>9.2f} {decision:>8.2f}")
     crossing = []
     print("\nCrossing phases (every job changes phase, half dearer x2.5, half cheaper x0.4; oversubscribed):")
     print(f"{'node':>10} {'jobs':>4} {'static':>7} {'oracle':>7} {'phased':>7} {'adapt':>7} {'a/oracle':>8} "
-          f"{'phased/o':>8} {'a/static':>8}")
+          f"{'phased/o':>8} {'a/static':>8} {'settle':>7} {'phase':>6}")
     for cores in args.cores:
         for n in args.crossing_jobs:
-            crossing.append(node_row(sim_node(cores), n, args.mixes, crossing_mix, CROSSING_POLICIES))
-            summary, med = crossing[-1]["gpu_busy_median"], crossing[-1]["adaptive_ratio_median"]
+            row = node_row(sim_node(cores), n, args.mixes, crossing_mix, CROSSING_POLICIES)
+            settle = max(m["policies"]["adaptive"]["settle_s_max"] for m in row["mixes"])
+            phase_settle = slowest_phase_settle(row["mixes"])
+            crossing.append({**row, "adaptive_settle_s_max": settle, "adaptive_phase_settle_s_max": phase_settle})
+            summary, med = row["gpu_busy_median"], row["adaptive_ratio_median"]
             print(f"{cores:>5}c/8g {n:>4} {summary['static']:>7.3f} {summary['oracle']:>7.3f} "
                   f"{summary['oracle_phased']:>7.3f} {summary['adaptive']:>7.3f} {med['adaptive_vs_oracle']:>7.3f}x "
-                  f"{med['oracle_phased_vs_oracle']:>7.3f}x {med['adaptive_vs_static']:>7.3f}x")
+                  f"{med['oracle_phased_vs_oracle']:>7.3f}x {med['adaptive_vs_static']:>7.3f}x {settle:>6.1f}s "
+                  f"{phase_settle:>5.1f}s")
     two_core = []
     print("\nPhase changes on the measured 2-core node (1-2 jobs 2-4x dearer mid-run; oversubscribed 1-2x):")
     print(f"{'node':>10} {'jobs':>4} {'static':>7} {'oracle':>7} {'phased':>7} {'adapt':>7} "
-          f"{'a/oracle (min-max)':>19} {'phased/o (min-max)':>19} {'give-backs':>10} {'a/static (min)':>15}")
+          f"{'a/oracle (min-max)':>19} {'phased/o (min-max)':>19} {'give-backs':>10} {'a/static (min)':>15} "
+          f"{'settle':>7} {'phase':>6}")
     for n in (2, 3, 4):
         row = node_row(measured_node(args.period, args.settle_period), n, args.two_core_mixes, two_core_phase_mix,
                        CROSSING_POLICIES, gpus=None)
+        settle = max(m["policies"]["adaptive"]["settle_s_max"] for m in row["mixes"])
+        phase_settle = slowest_phase_settle(row["mixes"])
+        row = {**row, "adaptive_settle_s_max": settle, "adaptive_phase_settle_s_max": phase_settle}
         two_core.append(row)
         summary, med = row["gpu_busy_median"], row["adaptive_ratio_median"]
         low, high = row["adaptive_ratio_min"], row["adaptive_ratio_max"]
@@ -357,7 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{summary['adaptive']:>7.3f} {med['adaptive_vs_oracle']:>6.3f}x ({low['adaptive_vs_oracle']:.2f}-"
               f"{high['adaptive_vs_oracle']:.2f}) {med['oracle_phased_vs_oracle']:>6.3f}x "
               f"({low['oracle_phased_vs_oracle']:.2f}-{high['oracle_phased_vs_oracle']:.2f}) {reverts:>10} "
-              f"{med['adaptive_vs_static']:>6.3f}x ({low['adaptive_vs_static']:.2f})")
+              f"{med['adaptive_vs_static']:>6.3f}x ({low['adaptive_vs_static']:.2f}) {settle:>6.1f}s {phase_settle:>5.1f}s")
     pairs = []
     print("\nCrossing pairs on the measured 2-core node (two 1-GPU jobs, one cheap then dearer, the other the "
           "reverse, phases at half-way):")

@@ -99,3 +99,59 @@ def test_the_safety_net_judges_an_outgrown_job_by_its_dearer_model() -> None:
     old_model = measured_model(a)
     old_rate = predicted_busy(TWO_CORES, jobs, {"a": old_model, "b": measured_model(jobs[1])}, even)["a"] * 400.0
     assert _planned_rates(TWO_CORES, jobs, even)["a"] < old_rate
+
+
+SIXTEEN_CORES = NodeResources(cpus=tuple(range(16)))
+
+
+def outgrown_on_its_workers(**change: object) -> list[JobView]:
+    """A 16-core node a minute after its last event: `a` was planned 5 workers for the 3 cores
+    of its cheap phase (1 ms a sample, M 3000/s); its samples now cost 2 ms, and its 5 workers,
+    all busy on a core each, deliver 2500/s. `b`, six GPUs, is satisfied on 6 cores. 5 cores are
+    idle; a's plan gains too little (0.17 of 7 GPUs) to pass the threshold."""
+    settled = dict(since_event_s=40.0, allocation_age_s=35.0, curve_windows=40, batch_size=32)
+    a = JobView(job_id="a", name="a", gpus=1, max_throughput=3000.0, loading_curve=((3.0, 3000.0),),
+                cores_used=5.0, achieved=2500.0, window_batches=390.0, loads_in_flight=4.9, steady_workers=5,
+                current=JobAllocation(cpu_weight=1345, workers=5), **settled)
+    b = JobView(job_id="b", name="b", gpus=6, max_throughput=6000.0, loading_curve=((6.0, 6000.0),),
+                cores_used=6.0, achieved=6000.0, window_batches=900.0, loads_in_flight=5.0, steady_workers=9,
+                current=JobAllocation(cpu_weight=1690, workers=9), **settled)
+    return [dataclasses.replace(a, **change), b]
+
+
+def test_a_job_that_outgrew_its_workers_gets_its_plans_workers_as_far_as_idle_cores_go(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Its dearer plan gives it 12 workers; the 5 idle cores hold 5 more: 10, at once, weights
+    untouched, logged once with its reason."""
+    policy = AdaptivePolicy()
+    jobs = outgrown_on_its_workers()
+    with caplog.at_level(logging.INFO, logger="controller.policies.adaptive"):
+        plan = policy.allocate(SIXTEEN_CORES, jobs)
+    assert plan["a"] == dataclasses.replace(jobs[0].current, workers=10)
+    assert plan["b"] == jobs[1].current
+    grown = [r.getMessage() for r in caplog.records if "each on a core" in r.getMessage()]
+    assert grown == ["adaptive: a loads 4.90 batches at once a rank on its 5 workers, each on a core, 5.0 cores "
+                     "idle on the node: 10 workers (its plan on its dearer model: 12)"]
+
+
+@pytest.mark.parametrize("change", [
+    dict(loads_in_flight=3.5),  # two of its five workers wait for a task
+    dict(cores_used=3.9, loads_in_flight=4.9, achieved=1950.0),  # its workers wait on the CPU (or the disk)
+    dict(steady_workers=None),  # its window spans a change of count
+    dict(loading_curve=((5.0, 2500.0),)),  # its curve knows its cost: no phase, the plan's gain decides
+], ids=["workers-wait", "cpu-bound", "count-changed", "not-outgrown"])
+def test_a_job_whose_workers_are_not_what_holds_it_keeps_them(change: dict) -> None:
+    jobs = outgrown_on_its_workers(**change)
+    plan = AdaptivePolicy().allocate(SIXTEEN_CORES, jobs)
+    assert plan["a"].workers == 5
+
+
+def test_no_worker_is_added_where_no_core_is_idle() -> None:
+    """`c`, worth little per core, takes the 5 cores left: a sixth worker of `a` would only queue
+    for a core, and its weight already decides what it may take from `c`."""
+    a, b = outgrown_on_its_workers()
+    c = dataclasses.replace(b, job_id="c", name="c", gpus=1, max_throughput=100_000.0, loading_curve=((5.0, 5000.0),),
+                            cores_used=5.0, achieved=5000.0, loads_in_flight=5.0, steady_workers=8,
+                            current=JobAllocation(cpu_weight=500, workers=8))
+    plan = AdaptivePolicy().allocate(SIXTEEN_CORES, [a, b, c])
+    assert plan["a"] == a.current

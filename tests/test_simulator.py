@@ -316,3 +316,15 @@ def test_a_job_a_phase_makes_cpu_bound_is_not_served_first_for_being_short_at_fu
     adaptive = simulate(node, jobs, make_policy("adaptive"), seed=51)
     assert adaptive.gpu_busy >= 0.98 * static.gpu_busy
     assert adaptive.jobs["one-gpu"]["jct_s"] < 2 * static.jobs["one-gpu"]["jct_s"]
+
+
+def test_settle_after_a_phase_change_is_counted_apart_from_arrivals_and_departures() -> None:
+    """As the node benchmark counts ``settle_s`` and ``phase_settle_s`` (bench/report.py): the
+    issue's settle goal is after arrivals and departures; what follows a phase is reported apart."""
+    jobs = [SimJob(name=name, gpus=1, max_throughput=200.0, cpu_s_per_sample=0.005, samples=200.0 * 40,
+                   requested_workers=2, phases=phases)
+            for name, phases in (("steady", ()), ("phased", ((15.0, 3.0),)))]
+    result = simulate(SimNode(cores=2), jobs, make_policy("adaptive"), seed=0)
+    assert len(result.phase_events) == 1 and result.phase_events <= set(result.events)
+    assert len(settle_times(result, after_phases=True)) == 1
+    assert len(settle_times(result)) == len(result.events) - 1

@@ -50,6 +50,7 @@ ranks at the node's rate as well).
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import replace
 from typing import Mapping, Sequence
 
@@ -71,6 +72,7 @@ from controller.policies.shares import (
     predicted_busy,
     predicted_objective,
     spread,
+    workers_saturated,
     workers_follow_reads,
 )
 
@@ -79,6 +81,11 @@ log = logging.getLogger(__name__)
 FINISH_FACTOR = 2.0
 """How many times the busy fraction of a job no other job is clearly shorter than, per GPU,
 outweighs that of one behind (see the module docstring). One step, not one per rank."""
+
+WORKERS_GROWTH = 1.25
+"""A job that outgrew its model with its workers all busy is given the plan's workers only where
+those are this many times its own or more (``_with_planned_workers``): a plan on a model made
+1.07x dearer offered a 64-core job's nine saturated workers a tenth, a change worth no change."""
 
 EQUALS_APART = 0.3
 """Busy fractions further apart than this, within a group of jobs worth the same that a job
@@ -152,7 +159,7 @@ class AdaptivePolicy:
         models, equals = pool_equal_worth(measured, worth, weights, counted_batches(jobs), widest=FINISH_FACTOR)
         target = self._target(node, jobs, models, weights, equals)
         if self._keep_current(node, jobs, models, weights, target, equals, outgrown):
-            return self._kept(node, jobs, outgrown)
+            return self._kept(node, jobs, target, outgrown)
         self._held_back = ()
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s: models behind the new allocation: %s", self.name, "; ".join(
@@ -214,13 +221,23 @@ class AdaptivePolicy:
             self.workers_per_core, self.reader_workers_per_core,
         )
 
-    def _kept(self, node: NodeResources, jobs: Sequence[JobView], outgrown: frozenset[str]) -> Allocation:
-        """The current allocation, kept; its readers' idle workers shed (:func:`_without_idle_workers`)
-        where the once-a-minute rule allows a change."""
+    def _kept(self, node: NodeResources, jobs: Sequence[JobView], target: Allocation, outgrown: frozenset[str]
+              ) -> Allocation:
+        """The current allocation, kept, where the once-a-minute rule allows a change: with the
+        target's workers for the jobs that outgrew their models on workers all busy
+        (:func:`_with_planned_workers`), and its readers' idle workers shed
+        (:func:`_without_idle_workers`)."""
         kept = {job.job_id: job.current for job in jobs}
-        shed, cut = _without_idle_workers(node, jobs, kept)
-        if not cut or self._too_soon(jobs, shed, outgrown):
+        idle_cores = node.cores - sum(job.cores_used or 0.0 for job in jobs)
+        raised, grown = _with_planned_workers(jobs, kept, target, outgrown, idle_cores)
+        shed, cut = _without_idle_workers(node, jobs, raised)
+        if not (grown or cut) or self._too_soon(jobs, shed, outgrown):
             return kept
+        for job in grown:
+            log.info("%s: %s loads %.2f batches at once a rank on its %d workers, each on a core, %.1f cores idle "
+                     "on the node: %d workers (its plan on its dearer model: %d)", self.name, job.name,
+                     (job.loads_in_flight or 0.0) / max(1, job.ranks), job.current.workers, idle_cores,
+                     shed[job.job_id].workers, target[job.job_id].workers)
         self._log_cuts(cut, shed)
         return shed
 
@@ -375,6 +392,33 @@ def _evens_outgrown(
 
     return any(spread_of(before, group) > EQUALS_APART and spread_of(after, group) < spread_of(before, group) / 2
                for group in groups)
+
+
+def _with_planned_workers(jobs: Sequence[JobView], kept: Allocation, target: Allocation, outgrown: frozenset[str],
+                          idle_cores: float) -> tuple[Allocation, tuple[JobView, ...]]:
+    """``kept``, except that a job that has outgrown its model (``outgrown``,
+    controller/policies/outgrown.py) on workers all busy, each on a core of its own
+    (shares.workers_saturated), gets the workers ``target`` plans for it, where those are
+    WORKERS_GROWTH times its own or more, as far as the node's ``idle_cores`` (its jobs' CPU
+    use, not the plan's) hold one worker more a rank each. Workers follow the cores planned
+    (shares.BURST_HEADROOM a core), and a job whose samples got dearer (a phase) outgrows them
+    before its curve follows: the target, on its model made dearer, plans more, but with the
+    job's weight already satisfied the predicted gain stays below the threshold. A simulated
+    2-GPU job whose samples doubled in cost was left on its 6 workers, 0.85 busy beside 10 idle
+    cores, for the 20 s its curve took to follow. More workers take no core from another job
+    (the weights decide that), and a job alone on 2 cores on 2 busy workers gains nothing from a
+    third. Also returns the jobs it gave more workers."""
+    result = dict(kept)
+    grown: list[JobView] = []
+    for job in jobs:
+        held, planned = kept[job.job_id].workers, target[job.job_id].workers
+        if job.job_id not in outgrown or held is None or planned is None or not workers_saturated(job):
+            continue
+        room = math.floor(idle_cores / max(1, job.ranks))
+        if room >= 1 and planned >= WORKERS_GROWTH * held:
+            result[job.job_id] = replace(kept[job.job_id], workers=min(planned, held + room))
+            grown.append(job)
+    return result, tuple(grown)
 
 
 def _without_idle_workers(node: NodeResources, jobs: Sequence[JobView], allocation: Allocation

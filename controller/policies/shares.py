@@ -52,6 +52,12 @@ with (:func:`reader_workers`): its reads keep up, and what it lacks is not reads
 LOADER_BUSY = 0.75
 """The share of its time a reader's worker is planned to spend loading (:func:`reader_workers`):
 the rest absorbs the batches that load slower than the mean."""
+WORKERS_SATURATED = 0.9
+"""A loader whose workers were timed loading at least this share of a window, each, has none
+waiting for a task (:func:`workers_saturated`)."""
+CORES_PER_BUSY_WORKER = 0.8
+"""...and one whose workers each used at least this much of a core was held by neither the CPU
+nor the disk: more workers would load more."""
 
 IO_FLOOR_FRACTION = 0.01
 """Each job keeps at least this fraction of the bandwidth, so a job that starts reading
@@ -329,6 +335,17 @@ def idle_reader_workers(job: JobView, bandwidth: float | None) -> int | None:
     return needed if needed < held else None
 
 
+def workers_saturated(job: JobView) -> bool:
+    """True when, over a window at the count it holds, every worker of ``job`` was loading
+    nearly all the time (WORKERS_SATURATED) on most of a core of its own
+    (CORES_PER_BUSY_WORKER): its workers, not its CPU weight or the disk, limit its loading."""
+    held = job.current.workers
+    if not held or job.steady_workers != held or job.loads_in_flight is None or job.cores_used is None:
+        return False
+    workers = held * max(1, job.ranks)
+    return job.loads_in_flight >= WORKERS_SATURATED * workers and job.cores_used >= CORES_PER_BUSY_WORKER * workers
+
+
 def _busy_workers(job: JobView) -> float:
     """Workers per rank that load the batches ``job``'s loaders were timed loading at once, each
     LOADER_BUSY of its time."""
@@ -337,13 +354,16 @@ def _busy_workers(job: JobView) -> float:
 
 def contended_cores(total: float, weights: Mapping[str, float], demands: Mapping[str, float]) -> dict[str, float]:
     """What the kernel gives each job of ``total`` cores: weighted max-min fair shares,
-    a job never getting more than it ``demands`` (inf: all it can get)."""
+    a job never getting more than it ``demands`` (inf: all it can get). Summed in the order of
+    ``demands``, not of a set of job ids, whose order changes with each process's string hashing:
+    the last bits of the shares did, and a plan at the edge of its gain threshold came out one
+    way or the other from one run of the simulator to the next."""
     given: dict[str, float] = {}
-    active = {job for job in demands if weights.get(job, 0) > 0}
+    active = [job for job in demands if weights.get(job, 0) > 0]
     left = total
     while active and left > 1e-12:
         scale = left / sum(weights[job] for job in active)
-        capped = {job for job in active if demands[job] <= weights[job] * scale}
+        capped = [job for job in active if demands[job] <= weights[job] * scale]
         if not capped:
             for job in active:
                 given[job] = weights[job] * scale
@@ -351,7 +371,7 @@ def contended_cores(total: float, weights: Mapping[str, float], demands: Mapping
         for job in capped:
             given[job] = demands[job]
             left -= demands[job]
-        active -= capped
+        active = [job for job in active if job not in given]
     return {job: given.get(job, 0.0) for job in demands}
 
 
