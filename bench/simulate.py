@@ -280,9 +280,12 @@ def node_row(node: SimNode, n_jobs: int, n_mixes: int, make_mix: Callable[[int, 
             "adaptive_ratio_median": {k: statistics.median(v) for k, v in ratios.items()}}
 
 
-def slowest_phase_settle(mixes: Sequence[dict[str, Any]]) -> float:
-    """adaptive's slowest settle after a phase change over ``mixes`` (0 when none changed phase)."""
-    return max((m["policies"]["adaptive"]["phase_settle_s_max"] or 0.0 for m in mixes), default=0.0)
+def slowest_settles(mixes: Sequence[dict[str, Any]]) -> tuple[float, float]:
+    """adaptive's slowest settle over ``mixes`` after an arrival or departure, and after a phase
+    change (0 when none changed phase)."""
+    adaptive = [m["policies"]["adaptive"] for m in mixes]
+    return (max(a["settle_s_max"] for a in adaptive),
+            max((a["phase_settle_s_max"] or 0.0 for a in adaptive), default=0.0))
 
 
 # ---------------------------------------------------------------------------------------- reality check
@@ -332,8 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for n in args.jobs:
             row = node_row(sim_node(cores), n, args.mixes, scale_mix, POLICIES)
             mixes, summary, med = row["mixes"], row["gpu_busy_median"], row["adaptive_ratio_median"]
-            settle = max(m["policies"]["adaptive"]["settle_s_max"] for m in mixes)
-            phase_settle = slowest_phase_settle(mixes)
+            settle, phase_settle = slowest_settles(mixes)
             changes = statistics.median(m["policies"]["adaptive"]["changes_per_job_minute"] for m in mixes)
             decision = statistics.fmean(m["policies"]["adaptive"]["decision_ms_mean"] for m in mixes)
             scale.append({**row, "adaptive_settle_s_max": settle, "adaptive_phase_settle_s_max": phase_settle,
@@ -350,8 +352,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for cores in args.cores:
         for n in args.crossing_jobs:
             row = node_row(sim_node(cores), n, args.mixes, crossing_mix, CROSSING_POLICIES)
-            settle = max(m["policies"]["adaptive"]["settle_s_max"] for m in row["mixes"])
-            phase_settle = slowest_phase_settle(row["mixes"])
+            settle, phase_settle = slowest_settles(row["mixes"])
             crossing.append({**row, "adaptive_settle_s_max": settle, "adaptive_phase_settle_s_max": phase_settle})
             summary, med = row["gpu_busy_median"], row["adaptive_ratio_median"]
             print(f"{cores:>5}c/8g {n:>4} {summary['static']:>7.3f} {summary['oracle']:>7.3f} "
@@ -366,8 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for n in (2, 3, 4):
         row = node_row(measured_node(args.period, args.settle_period), n, args.two_core_mixes, two_core_phase_mix,
                        CROSSING_POLICIES, gpus=None)
-        settle = max(m["policies"]["adaptive"]["settle_s_max"] for m in row["mixes"])
-        phase_settle = slowest_phase_settle(row["mixes"])
+        settle, phase_settle = slowest_settles(row["mixes"])
         row = {**row, "adaptive_settle_s_max": settle, "adaptive_phase_settle_s_max": phase_settle}
         two_core.append(row)
         summary, med = row["gpu_busy_median"], row["adaptive_ratio_median"]
