@@ -402,12 +402,12 @@ def _with_planned_workers(jobs: Sequence[JobView], kept: Allocation, target: All
     WORKERS_GROWTH times its own or more, as far as the node's ``idle_cores`` (the CPU its
     jobs' loaders used, not what the plan gave them) hold one worker more a rank each. Workers
     follow the cores planned (shares.BURST_HEADROOM a core), and a job whose samples got dearer
-    (a phase) outgrows them before its curve follows: the target, on its model made dearer, plans more, but with the
-    job's weight already satisfied the predicted gain stays below the threshold. A simulated
-    2-GPU job whose samples doubled in cost was left on its 6 workers, 0.85 busy beside 10 idle
-    cores, for the 20 s its curve took to follow. More workers take no core from another job
-    (the weights decide that), and a job alone on 2 cores on 2 busy workers gains nothing from a
-    third. Also returns the jobs it gave more workers."""
+    (a phase) outgrows them before its curve follows: the target, on its model made dearer,
+    plans more, but with the job's weight already satisfied the predicted gain stays below the
+    threshold. A simulated 2-GPU job whose samples doubled in cost was left on its 6 workers,
+    0.85 busy beside 10 idle cores, for the 20 s its curve took to follow. More workers take no
+    core from another job (the weights decide that), and a job alone on 2 cores on 2 busy
+    workers gains nothing from a third. Also returns the jobs it gave more workers."""
     result = dict(kept)
     grown: list[JobView] = []
     for job in jobs:
