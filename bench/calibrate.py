@@ -62,7 +62,7 @@ def true_curves(mix: Mix, datasets: dict[str, Path], cache_dir: Path, node: Node
 def probe_cpu_per_sample(spec: JobSpec, dataset: Path, node: NodeSetup, workdir: Path) -> float:
     """CPU seconds per sample of ``spec`` run alone: loop CPU time / samples."""
     samples = max(4 * spec.batch_size, int(PROBE_SECONDS * _rough_rate(spec)))
-    probe = replace(spec, name=f"probe-{spec.name}", compute_ms_per_batch=0.1, samples=samples,
+    probe = replace(spec, name=f"probe-{spec.name}", compute_ms_per_batch=0.1, samples=samples, eval_every_steps=None,
                     arrival_s=0.0, num_workers=PROBE_WORKERS)
     run = run_policy(Mix(jobs=(probe,), name="calibration"), "static", {probe.name: dataset},
                      workdir / "calibration", node)

@@ -12,6 +12,11 @@ wakes late from its sleep (its cgroup's CPU quota ran out, or the CPU is
 contended), that overrun is GPU idle time: the next step could not be launched.
 It is recorded separately and never counted as busy.
 
+With ``--eval-every-steps N``, every N training steps the job evaluates: it takes
+``--eval-batches`` batches from a second DataLoader over the same samples (unshuffled, as a
+validation set is), each followed by a forward pass of ``--eval-compute-ms``. Those passes
+count as busy; the evaluation's samples do not count towards ``--samples``.
+
     python -m bench.job --dataset DIR --image-px 224 --batch-size 32 \\
         --compute-ms 50 --samples 4000 --num-workers 4 --timeline OUT.json [--io-bound]
 """
@@ -24,7 +29,7 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 TIMELINE_VERSION = 1
 
@@ -47,6 +52,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="each sample is loaded this many times until --phase-after-s")
     parser.add_argument("--python-ms-per-batch", type=float, default=0.0,
                         help="pure-Python work per batch in this process before the batch is ready")
+    parser.add_argument("--eval-every-steps", type=int, default=None,
+                        help="evaluate every this many training steps, on a second DataLoader")
+    parser.add_argument("--eval-batches", type=int, default=0, help="batches an evaluation takes")
+    parser.add_argument("--eval-compute-ms", type=float, default=0.0, help="emulated forward pass per eval batch")
     return parser.parse_args(argv)
 
 
@@ -75,43 +84,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.num_workers,
         drop_last=len(dataset) >= args.batch_size, persistent_workers=args.num_workers > 0,
     )
-    compute_s = args.compute_ms / 1000.0
-    steps: list[tuple[float, float, float]] = []
-    samples = 0
-    overrun = 0.0
+    evaluation = None
+    if args.eval_every_steps and args.eval_batches > 0:
+        evaluation = DataLoader(
+            build_dataset(args), batch_size=args.batch_size, shuffle=False, num_workers=args.num_workers,
+            persistent_workers=args.num_workers > 0,
+        )
+    loop = GpuLoop(time.monotonic(), args.python_ms_per_batch / 1000.0)
     cpu_at_start = _cpu_seconds()
-    loop_start = time.monotonic()
     loop_start_wall = time.time()
+    samples = training_steps = 0
     while samples < args.samples:
         iterator = iter(loader)
         while samples < args.samples:
-            asked = time.monotonic()
-            try:
-                batch = next(iterator)
-            except StopIteration:
+            batch = loop.step(iterator, args.compute_ms / 1000.0)
+            if batch is None:
                 break
-            python_work(args.python_ms_per_batch / 1000.0)
-            got = time.monotonic()
-            time.sleep(compute_s)  # the GPU step, emulated: the CPU is idle while a GPU computes
-            overrun += max(0.0, time.monotonic() - got - compute_s)
             samples += samples_in(batch)
-            steps.append((round(got - loop_start, 4), round(got - asked, 4), compute_s))
+            training_steps += 1
+            if evaluation is not None and training_steps % args.eval_every_steps == 0:
+                evaluate = iter(evaluation)
+                for _ in range(args.eval_batches):
+                    if loop.step(evaluate, args.eval_compute_ms / 1000.0) is None:
+                        break
+                del evaluate
         del iterator
     loop_end = time.monotonic()
-    del loader  # joins the workers, so their CPU time is in RUSAGE_CHILDREN below
+    del loader, evaluation  # joins the workers, so their CPU time is in RUSAGE_CHILDREN below
+    steps = loop.steps
     timeline = {
         "version": TIMELINE_VERSION,
         "name": args.name,
         "pid": os.getpid(),
         "process_start": started,
         "loop_start": loop_start_wall,
-        "loop_s": loop_end - loop_start,
+        "loop_s": loop_end - loop.start,
         "samples": samples,
         "batch_size": args.batch_size,
         "compute_ms_per_batch": args.compute_ms,
-        "busy_s": compute_s * len(steps),
+        "busy_s": sum(s[2] for s in steps),
         "wait_s": sum(s[1] for s in steps),
-        "sleep_overrun_s": overrun,
+        "sleep_overrun_s": loop.overrun_s,
         "cpu_s": _cpu_seconds() - cpu_at_start,
         "steps": steps,
         "steps_fields": ["t_s", "wait_s", "compute_s"],
@@ -121,6 +134,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     temporary.write_text(json.dumps(timeline, separators=(",", ":")))
     temporary.replace(args.timeline)
     return 0
+
+
+class GpuLoop:
+    """The training loop's steps: wait for a batch, do the loop's Python work, then the GPU
+    step, emulated by a sleep. Records each step as (seconds since ``start``, its wait for
+    the batch, its compute) and the seconds the process woke late from its sleeps."""
+
+    def __init__(self, start: float, python_s_per_batch: float) -> None:
+        self.start = start
+        self.python_s_per_batch = python_s_per_batch
+        self.steps: list[tuple[float, float, float]] = []
+        self.overrun_s = 0.0
+
+    def step(self, iterator: Iterator[object], compute_s: float) -> object | None:
+        """One step on the next batch of ``iterator``: the batch, or None at its end."""
+        asked = time.monotonic()
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return None
+        python_work(self.python_s_per_batch)
+        got = time.monotonic()
+        time.sleep(compute_s)  # the GPU step, emulated: the CPU is idle while a GPU computes
+        self.overrun_s += max(0.0, time.monotonic() - got - compute_s)
+        self.steps.append((round(got - self.start, 4), round(got - asked, 4), compute_s))
+        return batch
 
 
 def python_work(seconds: float) -> None:

@@ -12,9 +12,12 @@ The file format (``adloader bench --mix FILE``)::
                                                     from phase_after_s after the job starts)
                "first_phase_cost": int,             (optional, 1: loading cost until then; above
                                                     phase_cost, a job that gets cheaper)
-               "python_ms_per_batch": float}]}     (optional: single-threaded Python work per
+               "python_ms_per_batch": float,       (optional: single-threaded Python work per
                                                     batch in the training process, before the
                                                     batch is ready: a loader bound by Python)
+               "eval_every_steps": int,             (optional: every this many training steps,
+               "eval_batches": int,                  evaluate on eval_batches batches of a second
+               "eval_compute_ms_per_batch": float}]} DataLoader, each a forward pass this long)
 
 ``num_workers`` is what the job would ask for unmanaged (the ``static`` policy
 keeps it). ``image_px`` is the JPEG side length, or for an ``io_bound`` job the
@@ -64,6 +67,18 @@ class JobSpec:
     python_ms_per_batch: float = 0.0
     """Pure-Python work per batch in the training process before the batch is ready (more
     cores or workers do not help: the loader is bound by Python)."""
+    eval_every_steps: int | None = None
+    """Every this many training steps the job evaluates: ``eval_batches`` batches of a second
+    DataLoader (the validation set), each followed by a forward pass of
+    ``eval_compute_ms_per_batch``. A forward pass is shorter than a training step, so while it
+    evaluates the job wants its samples faster: a recurring phase, as real jobs have."""
+    eval_batches: int | None = None
+    eval_compute_ms_per_batch: float | None = None
+
+    @property
+    def evaluates(self) -> bool:
+        """The job evaluates every ``eval_every_steps`` training steps."""
+        return None not in (self.eval_every_steps, self.eval_batches, self.eval_compute_ms_per_batch)
 
     @property
     def changes_phase(self) -> bool:
@@ -112,13 +127,15 @@ _JOB_TYPES: dict[str, tuple[type, ...]] = {
     "name": (str,), "gpus": (int,), "batch_size": (int,), "compute_ms_per_batch": (int, float),
     "image_px": (int,), "samples": (int,), "arrival_s": (int, float), "num_workers": (int,), "io_bound": (bool,),
     "model": (str,), "phase_after_s": (int, float), "phase_cost": (int,), "python_ms_per_batch": (int, float),
-    "first_phase_cost": (int,),
+    "first_phase_cost": (int,), "eval_every_steps": (int,), "eval_batches": (int,),
+    "eval_compute_ms_per_batch": (int, float),
 }
 _JOB_RANGES: dict[str, tuple[float, float]] = {
     "gpus": (0, 64), "batch_size": (1, 4096), "compute_ms_per_batch": (0.1, 60_000), "image_px": (16, 4096),
     "samples": (1, 10**9), "arrival_s": (0, 86_400), "num_workers": (0, 64),
     "phase_after_s": (0, 86_400), "phase_cost": (1, 16), "python_ms_per_batch": (0, 60_000),
-    "first_phase_cost": (1, 16),
+    "first_phase_cost": (1, 16), "eval_every_steps": (1, 10**9), "eval_batches": (1, 10**9),
+    "eval_compute_ms_per_batch": (0.1, 60_000),
 }
 
 
@@ -169,7 +186,8 @@ def mix_from_dict(data: Any, where: str = "mix") -> Mix:
     )
 
 
-OPTIONAL = ("io_bound", "model", "phase_after_s", "phase_cost", "first_phase_cost", "python_ms_per_batch")
+OPTIONAL = ("io_bound", "model", "phase_after_s", "phase_cost", "first_phase_cost", "python_ms_per_batch",
+            "eval_every_steps", "eval_batches", "eval_compute_ms_per_batch")
 
 
 def _job_problems(raw: dict[str, Any]) -> list[str]:
@@ -191,6 +209,9 @@ def _job_problems(raw: dict[str, Any]) -> list[str]:
         low, high = _JOB_RANGES.get(key, (-math.inf, math.inf))
         if isinstance(value, (int, float)) and not isinstance(value, bool) and not low <= value <= high:
             problems.append(f"{key}={value} is outside [{low:g}, {high:g}]")
+    evaluation = [key for key in ("eval_every_steps", "eval_batches", "eval_compute_ms_per_batch") if key in raw]
+    if evaluation and len(evaluation) < 3:
+        problems.append(f"eval_every_steps, eval_batches and eval_compute_ms_per_batch go together, got only {evaluation}")
     if isinstance(raw.get("name"), str) and not raw["name"].replace("-", "").replace("_", "").isalnum():
         problems.append(f"name {raw['name']!r} may hold only letters, digits, '-' and '_'")
     return problems

@@ -188,6 +188,9 @@ def job_command(spec: JobSpec, dataset: Path, timeline: Path, features: Path | N
                     "--first-phase-cost", str(spec.first_phase_cost)]
     if spec.python_ms_per_batch > 0:
         command += ["--python-ms-per-batch", str(spec.python_ms_per_batch)]
+    if spec.evaluates:
+        command += ["--eval-every-steps", str(spec.eval_every_steps), "--eval-batches", str(spec.eval_batches),
+                    "--eval-compute-ms", str(spec.eval_compute_ms_per_batch)]
     return command
 
 
