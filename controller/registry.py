@@ -232,8 +232,9 @@ class Registry:
         window becomes a point of its loading curve, (cores used, samples/s delivered),
         whether or not the loader was the bottleneck (throughput_model.curves explains why).
         ``cpu_seconds``: each job's group CPU time (the backend's accounting), so the cores
-        are the whole job's, main process included, which is what a quota limits; a job
-        missing from it counts its loader workers' CPU."""
+        are what its group holds, which is what a quota limits (its loaders, and its training
+        processes unless they were moved apart: :meth:`regrouped`); a job missing from it
+        counts its loader workers' CPU."""
         self.predict_pending()
         now = self._clock()
         for job in self:
@@ -244,6 +245,16 @@ class Registry:
             new_batches, job.batches_counted = max(0, batches - job.batches_counted), batches
             if not job.ended and achieved is not None and cores is not None:
                 self._observe(job, cores, achieved, new_batches)
+
+    def regrouped(self, job_id: str) -> None:
+        """A process of the job moved out of its CPU group or into it (a training process set
+        apart from its loaders): what the group used before measured other processes, so the
+        group's CPU is read afresh from here and the loading curve restarts from its next window."""
+        job = self._jobs.get(job_id)
+        if job is None:
+            return
+        job.cpu_samples.clear()
+        job.loading_curve.restart()
 
     @staticmethod
     def _observe(job: Job, cores: float, achieved: float, new_batches: float) -> None:

@@ -75,6 +75,7 @@ class TrainingProcesses:
         self._proc = Path(proc)
         self.enabled = mode == "apart" and "groups" in backend.capabilities
         self._ranks: dict[str, dict[int, _Rank]] = {}
+        self._regrouped: set[str] = set()
 
     def reported(self, job_id: str, pid: int, running_workers: int, batches: int) -> None:
         """Rank ``pid`` of the job reported: workers running -> apart; no worker while its
@@ -95,6 +96,7 @@ class TrainingProcesses:
         """Move the job's ranks out of (or back into) its group and the ranks' children into
         it, as needed; the job's processes: ``group_pids`` (its group's, read this step) and
         its ranks apart."""
+        self._regrouped.discard(job_id)
         ranks = self._ranks.get(job_id)
         if not ranks:
             return group_pids
@@ -109,6 +111,7 @@ class TrainingProcesses:
                 move, outcome = (self.backend.detach, _MOVED_OUT) if rank.apart else (self.backend.attach, _MOVED_IN)
                 if self._move(job_id, pid, rank, move, outcome):
                     inside = not inside
+                    self._regrouped.add(job_id)
             rank.outside = not inside
             if rank.apart:
                 for child in children_of(pid, self._proc) - group_pids:
@@ -121,6 +124,10 @@ class TrainingProcesses:
                     processes.add(child)
         return processes
 
+    def regrouped(self, job_id: str) -> bool:
+        """Whether the last :meth:`place` moved one of the job's ranks out of its group or into it."""
+        return job_id in self._regrouped
+
     def apart(self, job_id: str) -> int:
         """How many of the job's ranks were out of its CPU group at the last step."""
         return sum(rank.outside for rank in self._ranks.get(job_id, {}).values())
@@ -128,6 +135,7 @@ class TrainingProcesses:
     def forget(self, job_id: str) -> None:
         """The job is gone."""
         self._ranks.pop(job_id, None)
+        self._regrouped.discard(job_id)
 
     def _move(self, job_id: str, pid: int, rank: _Rank, move: Callable[[str, int], None], outcome: str) -> bool:
         """Whether ``move`` moved it; a refusal is said once and never tried again."""

@@ -55,6 +55,18 @@ def test_start_up_windows_do_not_count_once_the_job_runs_steadily() -> None:
     assert _curve_at(estimator.points(), 1.0) == pytest.approx(400.0)
 
 
+def test_a_restart_forgets_the_windows_keeps_the_prior_and_counts_the_next_window() -> None:
+    estimator = LoadingCurveEstimator(prior_cpu_s_per_sample=0.004)
+    for _ in range(WARMUP_OBSERVATIONS + MIN_OBSERVATIONS):
+        estimator.observe(2.0, 100.0)  # a group that also held the training process's start-up
+    assert estimator.cpu_s_per_sample() == pytest.approx(0.02)
+    estimator.restart()
+    assert estimator.observations == 0 and estimator.cpu_s_per_sample() == pytest.approx(0.004)  # the prior
+    for _ in range(MIN_OBSERVATIONS):
+        estimator.observe(0.5, 100.0)  # the loaders alone
+    assert estimator.observations == MIN_OBSERVATIONS and estimator.cpu_s_per_sample() == pytest.approx(0.005)
+
+
 def test_a_single_outlier_window_does_not_bend_the_curve() -> None:
     estimator = LoadingCurveEstimator()
     for _ in range(9):

@@ -13,6 +13,8 @@ from controller.backends.cgroup_v1 import CgroupV1Backend
 from controller.loop import ControlLoop, describe_change
 from controller.policies import JobAllocation, NodeResources, make_policy
 from controller.registry import Registry
+from controller.training_processes import TrainingProcesses
+from fixtures.processes import FORK_ON_GO, Children, children  # noqa: F401 (fixture)
 from bench.controller_process import CGROUP_ROOT, remove_group
 from fixtures.managed import CGROUP_V1_USABLE, NO_CGROUP_V1
 
@@ -67,6 +69,32 @@ def test_decisions_are_logged_once_with_their_reason_and_counted(
     assert loop.step(registry, {"policy_change"}).reason == "policy_change"
     assert _quota(backend, "a") == -1
     assert dict(loop.reallocations) == {"arrival": 2, "departure": 1, "policy_change": 1}
+
+
+def test_a_rank_moved_out_of_its_group_restarts_the_jobs_cpu_reading_and_loading_curve(
+    backend: CgroupV1Backend, children: Children,  # noqa: F811
+) -> None:
+    """The step that moves a training process out of its job's group (training_processes.py)
+    tells the registry: the group's CPU until then was the rank's start-up as well."""
+    registry = Registry()
+    training = TrainingProcesses(backend)
+    loop = ControlLoop(backend, NODE, make_policy("adaptive"), training=training)
+    _add(registry, backend, "a")
+    rank = children.start(FORK_ON_GO)
+    backend.attach("a", rank.pid)
+    job = registry.get("a")
+    assert job is not None
+    for _ in range(6):
+        job.loading_curve.observe(1.0, 100.0)
+    loop.step(registry, {"arrival"})
+    assert job.loading_curve.observations > 0 and job.cpu_samples  # no workers reported: the rank stays
+    training.reported("a", rank.pid, running_workers=2, batches=4)
+    loop.step(registry)
+    assert rank.pid not in backend.pids("a")
+    assert job.loading_curve.observations == 0 and not job.cpu_samples
+    job.loading_curve.observe(0.5, 100.0)
+    loop.step(registry)  # nothing moves: what is learnt from here stays
+    assert job.loading_curve.observations == 1 and job.cpu_samples
 
 
 def test_an_adopted_job_gets_its_limits_written_again_at_the_first_step(

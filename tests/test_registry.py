@@ -3,6 +3,7 @@ snapshots, and the seams for the throughput predictor and the job history."""
 from __future__ import annotations
 
 import logging
+from collections import deque
 
 import pytest
 
@@ -158,6 +159,33 @@ def test_each_step_adds_the_windows_loader_cores_and_rate_to_the_loading_curve(c
     assert registry.get("j1").loading_curve.observations == MIN_OBSERVATIONS  # type: ignore[union-attr]
     ((cores, sps),) = registry.views({})[0].loading_curve
     assert (cores, sps) == (pytest.approx(1.0), pytest.approx(150.0))
+
+
+def test_a_group_regrouped_is_read_afresh_and_its_curve_restarts_without_a_warm_up(clock: Clock) -> None:
+    """Until its training process is moved out, a job's group burns that process's start-up
+    CPU (2 cores here) besides its loaders' (0.5): the curve learnt from those windows is
+    five times too dear. Regrouped, the group's CPU is read from the move on and the curve
+    rests on the windows after it alone, from the first."""
+    registry = _registry(clock)
+    _register(registry)
+    group_cpu = 0.0
+    for step in range(12):  # 0.5 s steps, 100 samples/s delivered, the rank's start-up in the group
+        registry.record_report("j1", _report(0, 50 * step, 0.0, 0.5 * step, 0.25 * step, 0, batches=step))
+        registry.measure({"j1": group_cpu})
+        clock.now += 0.5
+        group_cpu += 0.5 * 2.5
+    job = registry.get("j1")
+    assert job is not None and job.loading_curve.cpu_s_per_sample() == pytest.approx(0.025)
+    registry.regrouped("j1")
+    assert job.loading_curve.observations == 0 and job.cpu_samples == deque()
+    for step in range(12, 12 + MIN_OBSERVATIONS + 1):  # the loaders alone in the group now
+        registry.record_report("j1", _report(0, 50 * step, 0.0, 0.5 * step, 0.25 * step, 0, batches=step))
+        registry.measure({"j1": group_cpu})
+        clock.now += 0.5
+        group_cpu += 0.5 * 0.5
+    assert job.loading_curve.observations == MIN_OBSERVATIONS  # the first read is the baseline, no warm-up after
+    assert job.loading_curve.cpu_s_per_sample() == pytest.approx(0.005)
+    registry.regrouped("gone")  # a job that left meanwhile: nothing to do
 
 
 def test_snapshots_sum_ranks_and_the_idle_ratio_follows_achieved_over_max(clock: Clock) -> None:

@@ -50,10 +50,11 @@ def test_a_rank_with_workers_leaves_the_cpu_group_and_what_it_forks_is_moved_bac
     training.reported("job", rank.pid, running_workers=0, batches=0)
     assert training.place("job", backend.pids("job")) == {rank.pid}
     assert cgroups_of(rank.pid)["cpu"] == job_path  # no workers yet: it stays
+    assert not training.regrouped("job")
 
     training.reported("job", rank.pid, running_workers=2, batches=4)
     assert training.place("job", backend.pids("job")) == {rank.pid}
-    assert training.apart("job") == 1
+    assert training.apart("job") == 1 and training.regrouped("job")  # the group's CPU is its loaders' from here
     paths = cgroups_of(rank.pid)
     assert (paths["cpu"], paths["cpuacct"]) == ("/", "/")  # back where it came from: the root here
     assert (paths["cpuset"], paths["blkio"]) == (job_path, job_path)  # the job's CPUs and throttles still hold it
@@ -64,6 +65,7 @@ def test_a_rank_with_workers_leaves_the_cpu_group_and_what_it_forks_is_moved_bac
     assert training.place("job", backend.pids("job")) == {rank.pid, child}
     assert cgroups_of(child)["cpu"] == job_path
     assert backend.pids("job") == {child}
+    assert not training.regrouped("job")  # its child joined the loaders: no rank moved
 
 
 @needs_v1

@@ -143,6 +143,16 @@ class LoadingCurveEstimator:
             self._batches.append(None)
             self._seen = max(self._seen, WARMUP_OBSERVATIONS) + 1
 
+    def restart(self) -> None:
+        """Forget every window kept: they measured a group that held more than the job's loading
+        (its training process, until the controller moved it out: its imports and start-up cost
+        1-2 s of CPU and made a first curve twice too dear). The prior stays; the warm-up is
+        over, since the loaders were already running, so the next window counts."""
+        self._fitted = None
+        self._observations.clear()
+        self._batches.clear()
+        self._seen = max(self._seen, WARMUP_OBSERVATIONS)
+
     def cpu_s_per_sample(self) -> float | None:
         """CPU seconds one sample costs by the fitted curve (its first knot); None when nothing
         is known."""
