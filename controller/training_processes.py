@@ -60,6 +60,8 @@ class _Rank:
     outside: bool = False
     """Out of the job's CPU group at the last step (moved by this controller or, after a
     restart, by the one before)."""
+    moved_out: bool = False
+    """Moved out of the job's group once already: its start-up was in the group until then."""
     started: int | None = None
     """Its start time (clock ticks after boot, /proc/PID/stat): a pid reused by another process
     after the rank exited has another, and is never moved."""
@@ -111,7 +113,9 @@ class TrainingProcesses:
                 move, outcome = (self.backend.detach, _MOVED_OUT) if rank.apart else (self.backend.attach, _MOVED_IN)
                 if self._move(job_id, pid, rank, move, outcome):
                     inside = not inside
-                    self._regrouped.add(job_id)
+                    if rank.apart and not rank.moved_out:
+                        rank.moved_out = True
+                        self._regrouped.add(job_id)
             rank.outside = not inside
             if rank.apart:
                 for child in children_of(pid, self._proc) - group_pids:
@@ -125,7 +129,10 @@ class TrainingProcesses:
         return processes
 
     def regrouped(self, job_id: str) -> bool:
-        """Whether the last :meth:`place` moved one of the job's ranks out of its group or into it."""
+        """Whether the last :meth:`place` moved one of the job's ranks out of its group for the
+        first time: until then the group's CPU time held that rank's start-up (imports, dataset,
+        forking its loader), after it only the job's loading. Later moves (a rank that loads in
+        its own process while it evaluates, and back) leave the group's loading in it."""
         return job_id in self._regrouped
 
     def apart(self, job_id: str) -> int:

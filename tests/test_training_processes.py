@@ -87,6 +87,11 @@ def test_a_rank_that_loads_in_its_own_process_returns_and_one_between_epochs_doe
     training.reported("job", rank.pid, running_workers=0, batches=40)  # batches again without workers: it loads
     training.place("job", backend.pids("job"))
     assert cgroups_of(rank.pid)["cpu"] == job_path
+    assert not training.regrouped("job")  # what it uses in the group now is loading
+
+    training.reported("job", rank.pid, running_workers=2, batches=50)  # workers again (an evaluation's end)
+    training.place("job", backend.pids("job"))
+    assert cgroups_of(rank.pid)["cpu"] == "/" and not training.regrouped("job")  # its start-up is long past
 
 
 @needs_v1
