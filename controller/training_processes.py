@@ -61,7 +61,8 @@ class _Rank:
     """Out of the job's CPU group at the last step (moved by this controller or, after a
     restart, by the one before)."""
     moved_out: bool = False
-    """Moved out of the job's group once already: its start-up was in the group until then."""
+    """Out of the job's group once already (moved, or found there after a restart): its
+    start-up was in the group until then, and is behind it since."""
     started: int | None = None
     """Its start time (clock ticks after boot, /proc/PID/stat): a pid reused by another process
     after the rank exited has another, and is never moved."""
@@ -117,6 +118,7 @@ class TrainingProcesses:
                         rank.moved_out = True
                         self._regrouped.add(job_id)
             rank.outside = not inside
+            rank.moved_out = rank.moved_out or rank.outside  # one found outside (a restart) is past its start-up
             if rank.apart:
                 for child in children_of(pid, self._proc) - group_pids:
                     try:

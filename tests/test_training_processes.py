@@ -93,6 +93,17 @@ def test_a_rank_that_loads_in_its_own_process_returns_and_one_between_epochs_doe
     training.place("job", backend.pids("job"))
     assert cgroups_of(rank.pid)["cpu"] == "/" and not training.regrouped("job")  # its start-up is long past
 
+    restarted = TrainingProcesses(backend)  # a controller restarted finds the rank outside already
+    restarted.reported("job", rank.pid, running_workers=2, batches=60)
+    restarted.place("job", backend.pids("job"))
+    for batches in (70, 80):
+        restarted.reported("job", rank.pid, running_workers=0, batches=batches)
+        restarted.place("job", backend.pids("job"))
+    assert cgroups_of(rank.pid)["cpu"] == job_path
+    restarted.reported("job", rank.pid, running_workers=2, batches=90)
+    restarted.place("job", backend.pids("job"))
+    assert cgroups_of(rank.pid)["cpu"] == "/" and not restarted.regrouped("job")
+
 
 @needs_v1
 def test_with_loaders_leaves_every_process_in_the_group_and_a_gone_rank_is_forgotten(v1_job) -> None:
