@@ -87,7 +87,7 @@ class Reporter(threading.Thread):
             message = protocol.Report(
                 job_id=progress.job_id or "", batch_size=self.batch_size, samples=progress.samples,
                 batches=progress.steps, compute_s=self.compute[0], worker_cpu_s=time.process_time(),
-                num_workers=progress.target_workers or 0,
+                num_workers=0,  # it loads in its own process, as a DataLoader without workers says
             )
         try:
             reply = self._client.request(message)
