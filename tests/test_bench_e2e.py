@@ -103,3 +103,25 @@ def test_on_a_phase_changing_mix_the_oracle_is_the_better_of_the_splits_for_the_
     # well above 1x but not reliably above 2x
     assert dear["a"]["cpu_s_per_sample"] > 1.5 * cheap["a"]["cpu_s_per_sample"]
     assert last["b"] == first["b"]  # b has one phase
+
+
+def test_an_evaluating_job_runs_its_evaluations_on_a_second_loader_and_counts_their_passes_busy(
+        tmp_path: Path) -> None:
+    """A real ``bench.job`` process (workers, JPEG decoding): 12 training steps, an evaluation of 3
+    batches every 5, so 2 evaluations; the timeline holds all 18 steps, its busy time their
+    compute, and only the training samples count."""
+    from bench.datasets import make_jpeg_cache
+
+    dataset = make_jpeg_cache(tmp_path / "jpeg", px=32, count=64)
+    timeline = tmp_path / "timeline.json"
+    subprocess.run(
+        [sys.executable, "-m", "bench.job", "--dataset", str(dataset), "--image-px", "32", "--batch-size", "4",
+         "--compute-ms", "5", "--samples", "48", "--num-workers", "1", "--timeline", str(timeline),
+         "--eval-every-steps", "5", "--eval-batches", "3", "--eval-compute-ms", "2"],
+        cwd=REPO, check=True, timeout=120,
+    )
+    document = json.loads(timeline.read_text())
+    computes = [step[2] for step in document["steps"]]
+    assert document["samples"] == 48
+    assert computes.count(0.005) == 12 and computes.count(0.002) == 6
+    assert document["busy_s"] == pytest.approx(12 * 0.005 + 6 * 0.002)
