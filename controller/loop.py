@@ -94,9 +94,10 @@ class ControlLoop:
             [replace(view, levers=self._levers(view.job_id)) for view in registry.views(applied)], events
         )
         pids = self._pids(views)
-        for job_id in pids:
-            if self.training is not None and self.training.regrouped(job_id):
-                registry.regrouped(job_id)  # its group's CPU so far was not its loading's alone
+        if self.training is not None:
+            for job_id in pids:
+                if self.training.regrouped(job_id):
+                    registry.regrouped(job_id)  # its group's CPU so far was not its loading's alone
         if self.worker_memory is not None:
             views = self.worker_memory.annotate(views, pids)
         wanted = {view.job_id: JobAllocation() for view in views}

@@ -247,9 +247,10 @@ class Registry:
                 self._observe(job, cores, achieved, new_batches)
 
     def regrouped(self, job_id: str) -> None:
-        """A process of the job moved out of its CPU group or into it (a training process set
-        apart from its loaders): what the group used before measured other processes, so the
-        group's CPU is read afresh from here and the loading curve restarts from its next window."""
+        """A training process of the job left its CPU group for the first time
+        (controller/training_processes.py): what the group used until then was that process's
+        start-up too, so the group's CPU is read afresh from here and the loading curve restarts
+        from its next window."""
         job = self._jobs.get(job_id)
         if job is None:
             return

@@ -114,8 +114,7 @@ class TrainingProcesses:
                 move, outcome = (self.backend.detach, _MOVED_OUT) if rank.apart else (self.backend.attach, _MOVED_IN)
                 if self._move(job_id, pid, rank, move, outcome):
                     inside = not inside
-                    if rank.apart and not rank.moved_out:
-                        rank.moved_out = True
+                    if not inside and not rank.moved_out:
                         self._regrouped.add(job_id)
             rank.outside = not inside
             rank.moved_out = rank.moved_out or rank.outside  # one found outside (a restart) is past its start-up
