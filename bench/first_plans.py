@@ -23,7 +23,6 @@ import argparse
 import glob
 import json
 import re
-import sqlite3
 import statistics
 import sys
 from dataclasses import asdict, dataclass
@@ -31,6 +30,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from controller.history import JobHistory
 from controller.policies.shares import PLAN_MARGIN
 
 WINDOW_S = 5.0
@@ -63,9 +63,8 @@ def first_plans(run_dir: Path) -> list[FirstPlan]:
     log_file = run_dir / "controller.log"
     if not (history.is_file() and log_file.is_file()):
         return []
-    with sqlite3.connect(history) as db:
-        curves = {name: json.loads(curve) for name, curve in db.execute("SELECT name, loading_curve FROM jobs")}
-    whole_run = {name: curve[0][0] / curve[0][1] for name, curve in curves.items() if curve and curve[0][1] > 0}
+    whole_run = {finished.name: cores / sps for finished in JobHistory(history)
+                 for cores, sps in finished.loading_curve[:1] if sps > 0}
     names: dict[str, str] = {}
     registered: dict[str, float] = {}
     moved: dict[str, float] = {}
