@@ -171,6 +171,14 @@ class JobSnapshot:
     """Sum over ranks of the workers each loader says it runs."""
     workers_memory_limit: int | None = None
     """Most workers, all ranks, that fit in the job's memory (controller/worker_memory.py); None: not measured."""
+    worker_memory_bytes: float | None = None
+    """What one loader worker costs, as that cap counts it: its own pages (USS, the mean over the
+    job's workers) plus ``worker_prefetch_bytes``; None: not measured."""
+    worker_prefetch_bytes: float | None = None
+    """Of that, its share of the job's shared memory, where the prefetched batches live."""
+    worker_memory_exact: bool | None = None
+    """False while the cost is a cheap upper bound (the largest worker's whole resident set), read
+    instead of the exact USS while the job's memory holds twice the workers any policy gives."""
     training_processes_apart: int = 0
     """Ranks kept out of the job's CPU group, so its weight and quota act on its loaders only
     (controller/training_processes.py)."""

@@ -27,8 +27,8 @@ CLEAR_SCREEN = "\x1b[H\x1b[2J"
 DEFAULT_CPU_WEIGHT = 100
 """The weight of a group nobody weighted (cgroup v2's cpu.weight default; v1 cpu.shares 1024)."""
 
-COLUMNS = ("JOB", "ID", "STATE", "GPUS", "SAMPLES/S", "MAX/S", "GPU IDLE", "CORES", "WEIGHT", "WORKERS", "READ BW",
-           "DATA WAIT")
+COLUMNS = ("JOB", "ID", "STATE", "GPUS", "SAMPLES/S", "MAX/S", "GPU IDLE", "CORES", "WEIGHT", "WORKERS", "MEM/WORKER",
+           "READ BW", "DATA WAIT")
 RIGHT_ALIGNED = frozenset(COLUMNS[3:])
 
 
@@ -121,6 +121,10 @@ def render_table(snapshot: NodeSnapshot, now: float) -> str:
     if shares:
         lines.append("~ cores: what the job's CPU weight gives it when every job wants CPU (it may use more "
                      "while others idle)")
+    if any(job.worker_memory_bytes is not None for job in snapshot.jobs):
+        bound = any(job.worker_memory_bytes is not None and not job.worker_memory_exact for job in snapshot.jobs)
+        lines.append("MEM/WORKER: a loader worker's own memory and its share of the prefetched batches, as its "
+                     "memory cap counts it" + (" (<= an upper bound: the job has room to spare)" if bound else ""))
     for job in snapshot.jobs:
         if job.cgroups:
             lines.append(f"@ {job.name} ({job.job_id}) scheduler {job.scheduler}: {cgroups_text(job.cgroups)}")
@@ -185,9 +189,19 @@ def _job_row(job: JobSnapshot, share: float | None) -> tuple[str, ...]:
     return (
         job.name, job.job_id, job.state, str(job.gpus), _rate(job.achieved_sps), max_sps,
         _percent(job.gpu_idle_ratio), cores_text(job, share),
-        str(job.cpu_weight) if job.cpu_weight is not None else "-", workers,
+        str(job.cpu_weight) if job.cpu_weight is not None else "-", workers, worker_memory_text(job),
         _bytes_per_second(job.read_bps), _percent(job.data_wait_ratio),
     )
+
+
+def worker_memory_text(job: JobSnapshot) -> str:
+    """What a loader worker costs (its own pages and its share of the prefetched batches), in
+    MiB; ``<=`` where only the cheap upper bound was read (a job with room to spare), ``-``
+    before a worker is measured."""
+    if job.worker_memory_bytes is None:
+        return "-"
+    bound = "" if job.worker_memory_exact else "<="
+    return f"{bound}{job.worker_memory_bytes / 2**20:.0f}M"
 
 
 def _rate(value: float | None) -> str:

@@ -19,6 +19,12 @@ Per run (all numbers GPU-emulated: a job's GPU step is a sleep):
 - ``changes_per_job_minute``: how often a job's quota, CPU weight or workers changed
   (after its first allocation), per minute of job lifetime, summed over jobs.
 
+Per job, besides its busy fraction and times: ``worker_memory``, what one of its loader workers
+cost at the most the controller measured it (MiB; its own pages and its share of the prefetched
+batches; ``exact`` False where only the cheap upper bound was ever read, for a job with room to
+spare) and how many workers its memory held at the last measurement (``workers_memory_limit``,
+all ranks), from the status samples.
+
 A policy's figure is the median over its repeats.
 """
 from __future__ import annotations
@@ -72,6 +78,7 @@ def score_run(run: RunOutcome) -> dict[str, Any]:
             "sleep_overrun_s": timeline.get("sleep_overrun_s"),
             "loop_s": timeline.get("loop_s"),
             "startup_s": _startup_s(timeline),
+            "worker_memory": worker_memory(run.samples, outcome.spec.name),
         }
     makespan = max((o.ended_s or 0.0) for o in run.jobs) - min(o.spec.arrival_s for o in run.jobs)
     settle, phase_settle = settle_times(run), settle_times(run, after_phases=True)
@@ -92,6 +99,25 @@ def score_run(run: RunOutcome) -> dict[str, Any]:
                                     f.get("state")]
                              for name, f in js.items()}] for t, js in run.samples],
         "allocations_fields": ["cores", "cpu_weight", "workers", "read_bps", "state"],
+    }
+
+
+def worker_memory(samples: Sequence[tuple[float, dict[str, dict]]], name: str) -> dict[str, Any] | None:
+    """What a worker of job ``name`` cost at the most the controller measured it over the status
+    ``samples`` (read exactly where it ever was, else the upper bound), and how many workers its
+    memory held at the last measurement (the first ones hold a job at the workers it runs while
+    their cost still grows); None if it was never measured."""
+    seen = [fields for _, jobs in samples if (fields := jobs.get(name)) and fields.get("worker_memory_bytes")]
+    if not seen:
+        return None
+    exact = [fields for fields in seen if fields.get("worker_memory_exact")]
+    peak = max(exact or seen, key=lambda fields: fields["worker_memory_bytes"])
+    limits = [fields["workers_memory_limit"] for fields in seen if fields.get("workers_memory_limit") is not None]
+    return {
+        "per_worker_mib": peak["worker_memory_bytes"] / 2**20,
+        "prefetch_mib": (peak.get("worker_prefetch_bytes") or 0.0) / 2**20,
+        "exact": bool(peak.get("worker_memory_exact")),
+        "workers_memory_limit": limits[-1] if limits else None,
     }
 
 

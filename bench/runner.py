@@ -240,7 +240,9 @@ def _launch(controller: ControllerProcess, spec: JobSpec, dataset: Path, run_dir
 def _job_fields(job) -> dict:
     return {"cores": job.cores, "cpu_weight": job.cpu_weight, "workers": job.workers_target,
             "read_bps": job.read_bps, "state": job.state,
-            "achieved_sps": job.achieved_sps, "data_wait_ratio": job.data_wait_ratio}
+            "achieved_sps": job.achieved_sps, "data_wait_ratio": job.data_wait_ratio,
+            "worker_memory_bytes": job.worker_memory_bytes, "worker_prefetch_bytes": job.worker_prefetch_bytes,
+            "worker_memory_exact": job.worker_memory_exact, "workers_memory_limit": job.workers_memory_limit}
 
 
 def _cpu_seconds(process: psutil.Process) -> float:

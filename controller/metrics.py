@@ -89,6 +89,17 @@ JOB_METRICS: tuple[JobMetric, ...] = (
     JobMetric("adloader_job_workers_memory_limit", "gauge",
               "Most DataLoader workers, all ranks, that fit in the job's memory limits and the node's reserve; "
               "absent until a worker is measured.", lambda j: j.workers_memory_limit),
+    JobMetric("adloader_job_worker_memory_bytes", "gauge",
+              "Memory one DataLoader worker costs, as the memory cap counts it: its own pages (USS) plus its share "
+              "of the prefetched batches; an upper bound while adloader_job_worker_memory_exact is 0.",
+              lambda j: j.worker_memory_bytes),
+    JobMetric("adloader_job_worker_prefetch_bytes", "gauge",
+              "Of a worker's memory, its share of the job's shared memory, where the prefetched batches live.",
+              lambda j: j.worker_prefetch_bytes),
+    JobMetric("adloader_job_worker_memory_exact", "gauge",
+              "1: a worker's memory read exactly (smaps_rollup); 0: a cheap upper bound (its whole resident set), "
+              "read while the job's memory holds twice the workers any policy gives.",
+              lambda j: None if j.worker_memory_exact is None else float(j.worker_memory_exact)),
     JobMetric("adloader_job_read_bandwidth_limit_bytes_per_second", "gauge",
               "Read bandwidth limit on the node's data device; absent when unthrottled.", lambda j: j.read_bps),
     JobMetric("adloader_job_unapplied_limits", "gauge",

@@ -50,8 +50,14 @@ ROOMY = 2.0
 """A job whose room holds this many times the workers no policy gives it anyway
 (``ceiling_per_rank`` per rank), each costed at a cheap upper bound (the largest worker's
 whole resident set plus an even share of the job's shared memory, from /proc/PID/status),
-cannot be capped by its memory: its workers' exact cost (smaps_rollup) is not read at all.
-On a 16-job node that skipped 5 of the controller's 13 seconds of step time (profiled)."""
+cannot be capped by its memory: its cap is judged from that bound, and its workers' exact cost
+(smaps_rollup) is read only for reports (ROOMY_REPORT_S). On a 16-job node reading it at every
+measurement took 5 of the controller's 13 seconds of step time (profiled)."""
+ROOMY_REPORT_S = (30.0, 300.0)
+"""A roomy job's exact worker cost, which only reports show (``adloader status``, the metrics, the
+benchmark), is read 30 s after its workers are first seen (their buffers filled by then), then at
+intervals that double up to 300 s: 26 ms of reading for a job of four workers, a few times an
+hour; until the first read, reports show the upper bound."""
 COST_REFRESH_S = 30.0
 """How often a settled worker cost is measured again while the job's processes stay the same
 (a resize or a new process measures it at once). Reading smaps_rollup walks a process's page
@@ -112,6 +118,16 @@ class _Measured:
     at: float
     pids: frozenset[int]
     growing: bool
+    report_interval_s: float = ROOMY_REPORT_S[0]
+    """For a roomy job: how long until its exact cost is read again for reports."""
+
+
+def _at_peak(cost: WorkerCost, last: _Measured | None) -> WorkerCost:
+    """``cost``, or the most a worker of the job was seen to cost (``last``) where that is more:
+    a worker just started has not filled its buffers yet."""
+    if last is not None and last.peak.per_worker > cost.per_worker:
+        return dataclasses.replace(cost, uss_bytes=last.peak.uss_bytes, prefetch_bytes=last.peak.prefetch_bytes)
+    return cost
 
 
 @dataclass(frozen=True)
@@ -142,6 +158,14 @@ class MemoryVerdict:
     max_workers_total: int
     growing: bool = False
     """Its workers' cost still grows: held at the workers it runs until it holds still."""
+    measured: WorkerCost | None = None
+    """The exact cost where ``cost`` is the cheap upper bound (a roomy job), read now and then for
+    reports; the cap never uses it."""
+
+    @property
+    def shown(self) -> WorkerCost:
+        """What reports show a worker to cost: the exact reading where there is one."""
+        return self.cost if self.measured is None else self.measured
 
 
 @dataclass(frozen=True)
@@ -192,6 +216,7 @@ class WorkerMemory:
         self._logged: dict[str, int] = {}
         # read and written only by _measure (the executor's thread when there is one)
         self._measured: dict[str, _Measured] = {}
+        self._roomy_since: dict[str, float] = {}
         self._processes: dict[int, _Process] = {}
 
     def annotate(self, views: Sequence[JobView], pids: Mapping[str, Iterable[int]]) -> list[JobView]:
@@ -231,6 +256,7 @@ class WorkerMemory:
         self._processes = {pid: known for pid, known in self._processes.items()
                            if pid in alive and now - known.read_at < COST_REFRESH_S}
         self._measured = {job_id: known for job_id, known in self._measured.items() if job_id in pids}
+        self._roomy_since = {job_id: since for job_id, since in self._roomy_since.items() if job_id in pids}
         reads = _PassReads()
         return _Measurement(at=now, verdicts=tuple(
             (view, self.verdict(view, set(pids.get(view.job_id, ())), reads)) for view in views))
@@ -250,6 +276,12 @@ class WorkerMemory:
         cached = self._verdicts.get(job_id)
         return None if cached is None else cached[1].max_workers_total
 
+    def cost_of(self, job_id: str) -> WorkerCost | None:
+        """What a worker of the job cost at its last measurement, read exactly where it was
+        (:attr:`MemoryVerdict.shown`; None: not measured)."""
+        cached = self._verdicts.get(job_id)
+        return None if cached is None else cached[1].shown
+
     def verdict(self, view: JobView, pids: set[int], reads: _PassReads | None = None) -> MemoryVerdict | None:
         """The job's worker cost, room and the workers per rank that fit; None before it runs a
         worker (or when its processes are gone). A worker is costed at the most one of the
@@ -261,20 +293,36 @@ class WorkerMemory:
         bound = self.cost_bound(pids, workers)
         if bound is None:
             return None
-        if room.bytes - margin >= ROOMY * bound.per_worker * self.ceiling_per_rank * max(1, view.ranks):
-            return self._fitting(view, bound, room, margin, growing=False)
         now = self._clock()
         last = self._measured.get(view.job_id)
+        if room.bytes - margin >= ROOMY * bound.per_worker * self.ceiling_per_rank * max(1, view.ranks):
+            verdict = self._fitting(view, bound, room, margin, growing=False)
+            return dataclasses.replace(verdict, measured=self._reported(view.job_id, last, pids, workers, now))
         if last is not None and not last.growing and last.pids == frozenset(pids) and now - last.at < COST_REFRESH_S:
             return self._fitting(view, last.peak, room, margin, growing=False)  # measured lately, settled
         cost = self.worker_cost(pids, workers)
         if cost is None:
             return None
         growing = last is None or cost.per_worker > GROWTH * last.peak.per_worker
-        if last is not None and last.peak.per_worker > cost.per_worker:
-            cost = dataclasses.replace(cost, uss_bytes=last.peak.uss_bytes, prefetch_bytes=last.peak.prefetch_bytes)
+        cost = _at_peak(cost, last)
         self._measured[view.job_id] = _Measured(peak=cost, at=now, pids=frozenset(pids), growing=growing)
         return self._fitting(view, cost, room, margin, growing)
+
+    def _reported(self, job_id: str, last: _Measured | None, pids: set[int], workers: Sequence[int],
+                  now: float) -> WorkerCost | None:
+        """A roomy job's exact worker cost for reports, read when ROOMY_REPORT_S says (None until then)."""
+        due = (now - self._roomy_since.setdefault(job_id, now) >= ROOMY_REPORT_S[0] if last is None
+               else now - last.at >= last.report_interval_s)
+        if not due:
+            return None if last is None else last.peak
+        cost = self.worker_cost(pids, workers)
+        if cost is None:
+            return None if last is None else last.peak
+        interval = ROOMY_REPORT_S[0] if last is None else min(ROOMY_REPORT_S[1], 2 * last.report_interval_s)
+        cost = _at_peak(cost, last)
+        self._measured[job_id] = _Measured(peak=cost, at=now, pids=frozenset(pids), growing=False,
+                                           report_interval_s=interval)
+        return cost
 
     @staticmethod
     def _fitting(view: JobView, cost: WorkerCost, room: Room, margin: float, growing: bool) -> MemoryVerdict:

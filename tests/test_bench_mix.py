@@ -12,6 +12,7 @@ from bench.model_jobs import check_models, corpus_point, write_features
 from bench.prediction_start import first_window_idle
 from bench.report import (
     PlotUnavailable, busy_series, phase_changes_s, plot, ratios, score_run, settle_times, summarise, table,
+    worker_memory,
 )
 from bench.runner import JobOutcome, RunOutcome, job_command
 
@@ -164,6 +165,25 @@ def test_a_run_is_scored_gpu_weighted() -> None:
     assert score["jobs"]["a"]["sleep_overrun_s"] == pytest.approx(0.1)
     assert score["jobs"]["a"]["startup_s"] == pytest.approx(2.5)
     assert score["jobs"]["a"]["loop_s"] == pytest.approx(10.0)
+
+
+def test_each_job_reports_its_costliest_worker_and_the_workers_its_memory_held_last() -> None:
+    mib = 2**20
+    samples = [(0.0, {"a": {"cores": 1.0}}),  # not measured yet
+               (1.0, {"a": {"worker_memory_bytes": 300 * mib, "worker_prefetch_bytes": 20 * mib,
+                            "worker_memory_exact": False, "workers_memory_limit": 40}}),
+               (2.0, {"a": {"worker_memory_bytes": 120 * mib, "worker_prefetch_bytes": 8 * mib,
+                            "worker_memory_exact": True, "workers_memory_limit": 6}}),
+               (3.0, {"a": {"worker_memory_bytes": 140 * mib, "worker_prefetch_bytes": 10 * mib,
+                            "worker_memory_exact": True, "workers_memory_limit": 5}, "b": {"cores": 1.0}})]
+    # the exact reads win over the cheap upper bound read while the job had room to spare
+    assert worker_memory(samples, "a") == {"per_worker_mib": 140.0, "prefetch_mib": 10.0, "exact": True,
+                                           "workers_memory_limit": 5}
+    assert worker_memory(samples[:2], "a") == {"per_worker_mib": 300.0, "prefetch_mib": 20.0, "exact": False,
+                                               "workers_memory_limit": 40}
+    assert worker_memory(samples[:3], "a")["workers_memory_limit"] == 6
+    assert worker_memory(samples, "b") is None
+    assert score_run(_run("adaptive", busy_a=0.5))["jobs"]["a"]["worker_memory"] is None  # no sample measured it
 
 
 def test_settling_is_measured_from_each_change_of_the_job_set() -> None:

@@ -50,19 +50,24 @@ def _rows(table: str) -> dict[str, list[str]]:
 def test_table_shows_each_jobs_numbers_in_operator_units() -> None:
     measured = _job("j-1", "resnet50", achieved_sps=410.4, max_sps_measured=500.0, max_sps_predicted=520.0,
                     gpu_idle_ratio=0.179, cores=2.5, workers_target=6, workers_running=5, read_bps=50_000_000,
-                    data_wait_ratio=0.2)
+                    data_wait_ratio=0.2, worker_memory_bytes=212.4 * 2**20, worker_memory_exact=True)
     fresh = _job("j-2", "bert", max_sps_predicted=88.25)
-    table = render_table(_node(measured, fresh), now=1000.0 + 3 * 3600 + 125)
+    roomy = _job("j-3", "vit", worker_memory_bytes=1.5 * 2**30, worker_memory_exact=False)
+    table = render_table(_node(measured, fresh, roomy), now=1000.0 + 3 * 3600 + 125)
     head = table.splitlines()[0]
-    for part in ("policy adaptive", "backend cgroup-v1", "5 cores (0-3,6)", "read 200 MB/s on 254:0", "2 jobs",
+    for part in ("policy adaptive", "backend cgroup-v1", "5 cores (0-3,6)", "read 200 MB/s on 254:0", "3 jobs",
                  "3 clients", "up 3h02m"):
         assert part in head, part
     rows = _rows(table)
-    assert rows["j-1"] == ["resnet50", "j-1", "running", "4", "410", "500", "18%", "2.5", "-", "5/6", "50 MB/s",
-                           "20%"]
-    # No quota, no weight: the kernel's default weight over the 2.5 cores the quota leaves.
-    assert rows["j-2"] == ["bert", "j-2", "running", "4", "-", "~88.2", "-", "~2.5", "-", "0/-", "-", "-"]
+    assert rows["j-1"] == ["resnet50", "j-1", "running", "4", "410", "500", "18%", "2.5", "-", "5/6", "212M",
+                           "50 MB/s", "20%"]
+    # No quota, no weight: the kernel's default weight over the 2.5 cores the quota leaves, shared
+    # with the other unweighted job; a worker's memory only where it was measured, "<=" a bound.
+    assert rows["j-2"] == ["bert", "j-2", "running", "4", "-", "~88.2", "-", "~1.2", "-", "0/-", "-", "-", "-"]
+    assert rows["j-3"][7:11] == ["~1.2", "-", "0/-", "<=1536M"]
     assert "~ predicted" in table and "~ cores: what the job's CPU weight gives it" in table
+    assert "MEM/WORKER: a loader worker's own memory" in table and "<= an upper bound" in table
+    assert "<= an upper bound" not in render_table(_node(measured, fresh), now=1000.0)
 
 
 def test_a_weighted_job_shows_its_weight_and_the_cores_it_gives_on_the_contended_cpus() -> None:

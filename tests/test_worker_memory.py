@@ -237,18 +237,34 @@ def test_what_a_process_is_is_read_once_per_cost_refresh_and_shared_by_a_pass(me
 
 def test_a_roomy_job_is_judged_from_a_cheap_upper_bound_without_reading_smaps(memory_group: Path) -> None:
     """2 GiB of room, two ~100 MiB workers, a ceiling of 2 workers per rank: even at the bound
-    (a worker's whole RSS) twice the ceiling fits, so no smaps_rollup is read and the cap stays
-    above the ceiling; at a ceiling of 32 the room is tight and the exact cost is read."""
+    (a worker's whole RSS) twice the ceiling fits, so its cap is judged from the bound and stays
+    above the ceiling; smaps_rollup is read only for reports, 30 s after the workers are first
+    seen and then ever more rarely. At a ceiling of 32 the room is tight and the exact cost is read."""
+    from controller.worker_memory import ROOMY_REPORT_S
+
     group = _group(memory_group, limit=2048 * MIB)
     proc = _forking(group, workers=2, mb=100)
     view = JobView(job_id="j", name="forks")
     try:
-        roomy = _CountingReads(reserve_bytes=0, ceiling_per_rank=2)
+        clock = [0.0]
+        roomy = _CountingReads(reserve_bytes=0, ceiling_per_rank=2, clock=lambda: clock[0])
         verdict = roomy.verdict(view, _pids(group))
         assert verdict is not None and verdict.cost.upper_bound and not verdict.growing
-        assert roomy.reads == 0
+        assert roomy.reads == 0 and verdict.measured is None and verdict.shown is verdict.cost
         assert 100 * MIB <= verdict.cost.uss_bytes  # the bound is never below what a worker holds
         assert verdict.max_workers_per_rank >= 2 * 2
+        clock[0] += ROOMY_REPORT_S[0]
+        reported = roomy.verdict(view, _pids(group))
+        assert reported is not None and roomy.reads > 0
+        assert reported.measured is not None and not reported.measured.upper_bound
+        assert 100 * MIB <= reported.shown.uss_bytes < reported.cost.uss_bytes  # exact: below the bound
+        assert reported.max_workers_per_rank == verdict.max_workers_per_rank  # the cap still from the bound
+        reads = roomy.reads
+        clock[0] += ROOMY_REPORT_S[0] - 1
+        assert roomy.verdict(view, _pids(group)).shown == reported.shown and roomy.reads == reads  # not due
+        clock[0] += 1
+        roomy.verdict(view, _pids(group))
+        assert roomy.reads > reads  # due again 30 s on, then 60 s, 120 s ... up to ROOMY_REPORT_S[1]
         tight = _CountingReads(reserve_bytes=0, ceiling_per_rank=32)
         exact = tight.verdict(view, _pids(group))
         assert exact is not None and not exact.cost.upper_bound and tight.reads > 0
@@ -309,6 +325,10 @@ def test_a_job_whose_workers_would_exceed_its_limit_gets_fewer_and_is_never_oom_
     time.sleep(8)  # a few control periods with the cap in force
     seen = controller.job(snapshot.job_id)
     assert seen is not None and seen.workers_memory_limit == 2  # status and /metrics show the cap
+    # ... and what a worker costs: the MB it holds alone, read exactly (the job has no room to spare)
+    assert seen.worker_memory_exact is True
+    assert seen.worker_memory_bytes is not None and worker_mb * MIB <= seen.worker_memory_bytes < 2 * worker_mb * MIB
+    assert seen.worker_prefetch_bytes is not None and 0 <= seen.worker_prefetch_bytes < seen.worker_memory_bytes
     assert seen.workers_target is not None and seen.workers_target <= 2
     (tmp_path / "stop").write_text("")
     assert job.wait(timeout=120) == 0, job.output()
