@@ -53,11 +53,14 @@ whole resident set plus an even share of the job's shared memory, from /proc/PID
 cannot be capped by its memory: its cap is judged from that bound, and its workers' exact cost
 (smaps_rollup) is read only for reports (ROOMY_REPORT_S). On a 16-job node reading it at every
 measurement took 5 of the controller's 13 seconds of step time (profiled)."""
-ROOMY_REPORT_S = (30.0, 300.0)
+ROOMY_REPORT_S = (60.0, 600.0)
 """A roomy job's exact worker cost, which only reports show (``adloader status``, the metrics, the
-benchmark), is read 30 s after its workers are first seen (their buffers filled by then), then at
-intervals that double up to 300 s: 26 ms of reading for a job of four workers, a few times an
-hour; until the first read, reports show the upper bound."""
+benchmark), is read 60 s after its workers are first seen (their buffers filled by then), then at
+intervals that double up to 600 s; until the first read, reports show the upper bound. A read is
+8-11 ms a process here (35 ms for a job of two workers): read 30 s in, the 16-job benchmark's
+55 s run, where every job has room to spare, cost the controller 2.7-2.8% of a core against
+1.8-2.3% without; read 60 s in, 1.9-2.0% against 1.9% (interleaved, 2026-11-26). In a job's
+first hour this reads it 6 times."""
 COST_REFRESH_S = 30.0
 """How often a settled worker cost is measured again while the job's processes stay the same
 (a resize or a new process measures it at once). Reading smaps_rollup walks a process's page

@@ -238,7 +238,7 @@ def test_what_a_process_is_is_read_once_per_cost_refresh_and_shared_by_a_pass(me
 def test_a_roomy_job_is_judged_from_a_cheap_upper_bound_without_reading_smaps(memory_group: Path) -> None:
     """2 GiB of room, two ~100 MiB workers, a ceiling of 2 workers per rank: even at the bound
     (a worker's whole RSS) twice the ceiling fits, so its cap is judged from the bound and stays
-    above the ceiling; smaps_rollup is read only for reports, 30 s after the workers are first
+    above the ceiling; smaps_rollup is read only for reports, 60 s after the workers are first
     seen and then ever more rarely. At a ceiling of 32 the room is tight and the exact cost is read."""
     from controller.worker_memory import ROOMY_REPORT_S
 
@@ -264,7 +264,7 @@ def test_a_roomy_job_is_judged_from_a_cheap_upper_bound_without_reading_smaps(me
         assert roomy.verdict(view, _pids(group)).shown == reported.shown and roomy.reads == reads  # not due
         clock[0] += 1
         roomy.verdict(view, _pids(group))
-        assert roomy.reads > reads  # due again 30 s on, then 60 s, 120 s ... up to ROOMY_REPORT_S[1]
+        assert roomy.reads > reads  # due again a first interval on, then twice that ... up to ROOMY_REPORT_S[1]
         tight = _CountingReads(reserve_bytes=0, ceiling_per_rank=32)
         exact = tight.verdict(view, _pids(group))
         assert exact is not None and not exact.cost.upper_bound and tight.reads > 0
