@@ -60,7 +60,7 @@ intervals that double up to 600 s; until the first read, reports show the upper 
 8-11 ms a process here (35 ms for a job of two workers): read 30 s in, the 16-job benchmark's
 55 s run, where every job has room to spare, cost the controller 2.7-2.8% of a core against
 1.8-2.3% without; read 60 s in, 1.9-2.0% against 1.9% (interleaved, 2026-11-26). In a job's
-first hour this reads it 6 times."""
+first hour this reads it 9 times (60, 120, 240, 480, 960 s, then every 600 s)."""
 COST_REFRESH_S = 30.0
 """How often a settled worker cost is measured again while the job's processes stay the same
 (a resize or a new process measures it at once). Reading smaps_rollup walks a process's page
