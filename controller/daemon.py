@@ -468,13 +468,14 @@ class Controller:
         worker costs and how many its memory holds, and its ranks kept out of its CPU group."""
         placement = self.backend.placement(job.job_id)
         memory = self.loop.worker_memory
+        placed = replace(job, scheduler=placement.scheduler, cgroups=dict(placement.paths),
+                         training_processes_apart=self.training.apart(job.job_id))
         cost = memory.cost_of(job.job_id) if memory is not None else None
-        return replace(job, scheduler=placement.scheduler, cgroups=dict(placement.paths),
-                       workers_memory_limit=memory.workers_limit(job.job_id) if memory is not None else None,
-                       worker_memory_bytes=cost.per_worker if cost is not None else None,
-                       worker_prefetch_bytes=cost.prefetch_bytes if cost is not None else None,
-                       worker_memory_exact=not cost.upper_bound if cost is not None else None,
-                       training_processes_apart=self.training.apart(job.job_id))
+        if memory is None or cost is None:
+            return placed
+        return replace(placed, workers_memory_limit=memory.workers_limit(job.job_id),
+                       worker_memory_bytes=cost.per_worker, worker_prefetch_bytes=cost.prefetch_bytes,
+                       worker_memory_exact=not cost.upper_bound)
 
     def _pids(self, job_id: str) -> set[int]:
         try:

@@ -314,13 +314,12 @@ class WorkerMemory:
     def _reported(self, job_id: str, last: _Measured | None, pids: set[int], workers: Sequence[int],
                   now: float) -> WorkerCost | None:
         """A roomy job's exact worker cost for reports, read when ROOMY_REPORT_S says (None until then)."""
+        known = None if last is None else last.peak
         due = (now - self._roomy_since.setdefault(job_id, now) >= ROOMY_REPORT_S[0] if last is None
                else now - last.at >= last.report_interval_s)
-        if not due:
-            return None if last is None else last.peak
-        cost = self.worker_cost(pids, workers)
+        cost = self.worker_cost(pids, workers) if due else None
         if cost is None:
-            return None if last is None else last.peak
+            return known
         interval = ROOMY_REPORT_S[0] if last is None else min(ROOMY_REPORT_S[1], 2 * last.report_interval_s)
         cost = _at_peak(cost, last)
         self._measured[job_id] = _Measured(peak=cost, at=now, pids=frozenset(pids), growing=False,
