@@ -11,7 +11,13 @@ import torch
 from torch import nn
 
 from adloader import protocol
-from throughput_model.counting import COMPUTE_CLASSES, OP_CLASSES, StepAccountant, account_step
+from throughput_model.counting import (
+    COMPUTE_CLASSES,
+    OP_CLASSES,
+    StepAccountant,
+    account_step,
+    direct_depthwise_forward_max_padding,
+)
 from throughput_model.features import FEATURE_KEYS, MAX_KEYS, describe
 from throughput_model.zoo import FAMILIES, ZOO, classification_loss, resnet50
 
@@ -83,12 +89,28 @@ def _depthwise_1d(taps: int) -> nn.Module:
                                                                        (15, True, True)])
 def test_wide_depthwise_convolutions_count_their_column_buffers(taps: int, forward_lowered: bool,
                                                                 weight_grad_lowered: bool) -> None:
-    """The forward pass of a depthwise convolution wider than 13 taps and its weight gradient wider
-    than 3 run as im2col + GEMM: each writes and reads a column buffer of taps x outputs."""
+    """The forward pass of a depthwise convolution padded wider than 6 (AVX-512) or 4 (AVX2) and its
+    weight gradient wider than 3 taps run as im2col + GEMM: each writes and reads a column buffer
+    of taps x outputs."""
     batch, length = 4, 100
     features = describe(_depthwise_1d(taps), torch.randn(batch, 16, length), optimizer="none").features
     column = batch * 16 * length * taps * 4
     assert features["conv_depthwise_lowered"] == 2 * column * (int(forward_lowered) + int(weight_grad_lowered))
+
+
+def test_a_depthwise_forward_is_lowered_by_its_padding_against_this_cpus_unroll() -> None:
+    """oneDNN's direct kernel computes 6 outputs at once on AVX-512, 4 on AVX2, 3 below, and takes
+    no padding wider: a "same"-padded 13-tap forward pass (6 each side) is direct on AVX-512 and
+    lowered on AVX2, and an unpadded 33-tap one is direct everywhere."""
+    assert [direct_depthwise_forward_max_padding(c) for c in ("AVX512", "AVX2", "DEFAULT")] == [6, 4, 3]
+    batch, length = 4, 100
+    here = direct_depthwise_forward_max_padding()
+    column = batch * 16 * length * 13 * 4
+    features = describe(_depthwise_1d(13), torch.randn(batch, 16, length), optimizer="none").features
+    assert features["conv_depthwise_lowered"] == 2 * column * (int(6 > here) + 1)  # the weight gradient: lowered
+    unpadded = nn.Conv1d(16, 16, 33, groups=16, bias=False)
+    features = describe(unpadded, torch.randn(batch, 16, length), optimizer="none").features
+    assert features["conv_depthwise_lowered"] == 2 * (batch * 16 * (length - 32) * 33 * 4)  # its weight gradient's only
     square = describe(nn.Conv2d(16, 16, 3, padding=1, groups=16), torch.randn(2, 16, 8, 8), optimizer="none")
     assert square.features["conv_depthwise_lowered"] == 0
 
@@ -100,7 +122,7 @@ conv(torch.randn(2, 16, 256, requires_grad=True)).sum().backward()
 """
 
 
-@pytest.mark.parametrize("taps", [3, 5, 13, 14, 15, 33])
+@pytest.mark.parametrize("taps", [3, 5, 9, 11, 13, 14, 15, 33])
 def test_the_lowering_rule_is_what_onednn_runs_here(taps: int) -> None:
     """What the counting calls lowered is what oneDNN reports it ran as a GEMM (``gemm``), the rest
     its direct depthwise kernel (``jit_dw``), pass by pass."""

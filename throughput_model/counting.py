@@ -20,6 +20,7 @@ whichever way the device ran it; the class's own coefficients absorb the differe
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
@@ -58,14 +59,19 @@ SHAPE_CLASSES = ("conv", "conv_depthwise")
 LOWERED_CLASSES = ("conv_depthwise",)
 """Classes whose ops a CPU may run GEMM-lowered (im2col, then a GEMM): they also count ``lowered``."""
 
-DIRECT_DEPTHWISE_FORWARD_MAX_TAPS = 13
+DIRECT_DEPTHWISE_FORWARD_WIDTH_UNROLL = {"AVX512": 6, "AVX2": 4}
+"""Outputs along the width that oneDNN's direct depthwise forward kernel (``jit_dw``, x86) computes
+at once, by the CPU capability torch reports (3 below AVX2: SSE4.1's). The kernel takes a
+convolution only when its padding on either side of the width is no wider than that
+(``jit_uni_dw_conv_fwd_kernel::init_conf``): a "same"-padded kernel of up to 13 taps on AVX-512,
+up to 9 on AVX2; wider ones run GEMM-lowered (``gemm:jit``: im2col into a column buffer of kernel
+taps x outputs, then one small GEMM per channel). Read off ``ONEDNN_VERBOSE=1`` with torch 2.13: a
+3x3 (MobileNet) depthwise convolution runs direct throughout, a 15-tap 1-D one (QuartzNet)
+lowered, at a fraction of the direct kernel's speed per FLOP that FLOPs and bytes alone cannot
+tell apart; a 13-tap one direct on an AVX-512 host and lowered on an AVX2 one."""
 DIRECT_DEPTHWISE_WEIGHT_GRAD_MAX_TAPS = 3
-"""Widest kernel (taps along one dimension) that oneDNN's direct depthwise kernels (``jit_dw``, x86)
-take for the forward pass and for the weight gradient; wider ones run GEMM-lowered (``gemm:jit``:
-im2col into a column buffer of kernel taps x outputs, then one small GEMM per channel). The gradient
-of the input always runs direct. Read off ``ONEDNN_VERBOSE=1`` with torch 2.13 on x86: a 3x3
-(MobileNet) depthwise convolution runs direct throughout, a 15-tap 1-D one (QuartzNet) lowered, at a
-fraction of the direct kernel's speed per FLOP that FLOPs and bytes alone cannot tell apart."""
+"""Widest kernel (taps along one dimension) whose weight gradient oneDNN's direct depthwise kernel
+takes, whatever the CPU; wider ones run GEMM-lowered. The gradient of the input always runs direct."""
 
 ALLOC_LARGE_BYTES = 4 * 1024 * 1024
 """Outputs at least this large that an op allocates (not in place) are counted as ``alloc``:
@@ -456,21 +462,39 @@ def bytes_moved(name: str, args: tuple, kwargs: dict, outputs: list[torch.Tensor
 
 def lowered_bytes(name: str, args: tuple, out: Any) -> float:
     """Column-buffer traffic (im2col writes it, the GEMM reads it back) of a depthwise convolution's
-    GEMM-lowered parts: the forward pass wider than :data:`DIRECT_DEPTHWISE_FORWARD_MAX_TAPS`, the
-    weight gradient wider than :data:`DIRECT_DEPTHWISE_WEIGHT_GRAD_MAX_TAPS`. Zero for direct ones."""
-    if name in ("convolution", "_convolution") and len(args) > 6 and not args[6]:
-        weight, output, limit = args[1], out, DIRECT_DEPTHWISE_FORWARD_MAX_TAPS
+    GEMM-lowered parts: the forward pass padded wider than this CPU's
+    :data:`DIRECT_DEPTHWISE_FORWARD_WIDTH_UNROLL`, the weight gradient wider than
+    :data:`DIRECT_DEPTHWISE_WEIGHT_GRAD_MAX_TAPS`. Zero for direct ones."""
+    forward = name in ("convolution", "_convolution") and len(args) > 6 and not args[6]
+    if forward:
+        weight, output = args[1], out
     elif name == "convolution_backward" and len(args) > 10 and not args[7] and args[10][1]:
-        weight, output, limit = args[2], args[0], DIRECT_DEPTHWISE_WEIGHT_GRAD_MAX_TAPS
+        weight, output = args[2], args[0]
     else:
         return 0.0
     if not isinstance(weight, torch.Tensor) or not isinstance(output, torch.Tensor) or weight.dim() < 3:
         return 0.0
-    kernel = tuple(weight.shape[2:])
-    if max(kernel) <= limit:
+    if forward:
+        direct = _width(args[4]) <= min(direct_depthwise_forward_max_padding(), output.shape[-1])
+    else:
+        direct = max(weight.shape[2:]) <= DIRECT_DEPTHWISE_WEIGHT_GRAD_MAX_TAPS
+    if direct:
         return 0.0
-    column = output.shape[0] * output.shape[1] * math.prod(output.shape[2:]) * math.prod(kernel)
+    column = output.shape[0] * output.shape[1] * math.prod(output.shape[2:]) * math.prod(weight.shape[2:])
     return 2.0 * column * output.element_size()
+
+
+@functools.cache
+def direct_depthwise_forward_max_padding(capability: str | None = None) -> int:
+    """The widest padding along the width that oneDNN's direct depthwise forward kernel takes on
+    a CPU of ``capability`` (``torch.backends.cpu.get_cpu_capability()``, this host's, by default):
+    :data:`DIRECT_DEPTHWISE_FORWARD_WIDTH_UNROLL`."""
+    return DIRECT_DEPTHWISE_FORWARD_WIDTH_UNROLL.get(capability or torch.backends.cpu.get_cpu_capability(), 3)
+
+
+def _width(padding: Any) -> int:
+    """A convolution's padding along its last dimension (an int, or a sequence of them)."""
+    return int(padding[-1]) if isinstance(padding, (list, tuple)) and padding else int(padding or 0)
 
 
 def _is_sparse_embedding_gradient(name: str, args: tuple) -> bool:
