@@ -152,18 +152,34 @@ def _plain(spec: Mapping[str, Any]) -> bool:
 
 
 def job_cpu_costs(document: Mapping[str, Any]) -> dict[str, float]:
-    """CPU seconds per sample of each job of a measured mix, at one worker per core: the median
-    over its runs of loader CPU / samples, each divided by its run's oversubscription inflation.
-    Jobs that change phase or do Python work in their training loop are left out (their CPU
-    is not one loading cost)."""
+    """CPU seconds per sample of each job of a measured mix, at one worker per core and in its
+    first phase: the median over its runs of loader CPU / samples, each divided by its run's
+    oversubscription inflation and by how much dearer its later phase made its samples on
+    average (``phase_dearness``). Jobs that do Python work in their training loop are left out
+    (their CPU is not their loading's)."""
     specs = {spec["name"]: spec for spec in document["mix"]["jobs"]}
     costs: dict[str, list[float]] = {}
     for _, repeat, spec, job in _job_runs(document):
-        if _plain(spec) and job.get("samples"):
+        if not spec.get("python_ms_per_batch") and job.get("samples"):
             inflation = oversubscription_inflation(workers_per_core(repeat, specs) * NODE_CORES, NODE_CORES,
                                                    oversubscription_cost(spec))
-            costs.setdefault(spec["name"], []).append(job["loader_cpu_s"] / job["samples"] / inflation)
+            costs.setdefault(spec["name"], []).append(
+                job["loader_cpu_s"] / job["samples"] / inflation / phase_dearness(spec, job))
     return {name: statistics.median(values) for name, values in costs.items()}
+
+
+def phase_dearness(spec: Mapping[str, Any], job: Mapping[str, Any]) -> float:
+    """A run's mean cost per sample over its first phase's, for a job whose samples cost
+    ``phase_cost / first_phase_cost`` times more from ``phase_after_s`` after its start (1 for
+    a job of one phase). Its samples are taken as spread evenly over its training loop, which
+    starts STARTUP_S after the process: a run that got through its first phase faster put more
+    samples in it than that, so its first phase's cost comes out a little low."""
+    phase_after = spec.get("phase_after_s")
+    if phase_after is None or not job.get("loop_s"):
+        return 1.0
+    later = float(spec.get("phase_cost", 1)) / float(spec.get("first_phase_cost", 1))
+    first_share = min(1.0, max(0.0, float(phase_after) - STARTUP_S) / job["loop_s"])
+    return first_share + later * (1.0 - first_share)
 
 
 def oversubscription_cost(spec: Mapping[str, Any]) -> float:
@@ -222,15 +238,17 @@ def jobs_from_measured_mix(document: Mapping[str, Any]) -> tuple[list[SimJob], S
         m = spec["batch_size"] / (spec["compute_ms_per_batch"] / 1000.0)
         true = curves.get(spec["name"]) or {}
         b = float(true.get("bytes_per_sample", spec["image_px"] ** 2 * 3 if spec.get("io_bound") else 0.0))
+        python_s = float(spec.get("python_ms_per_batch") or 0.0) / 1000.0
         if spec["name"] in measured:
             p = measured[spec["name"]]
+        elif python_s > 0:  # its probe's CPU counted its training loop's Python work: apart now
+            p = jpeg_cost_s(spec["image_px"]) * spec.get("first_phase_cost", 1)
         elif true:
             p = true.get("cpu_s_per_sample") or 1.0 / true["loading_curve"][0][1]
         else:
             p = (RAW_READ_COST_S if spec.get("io_bound") else jpeg_cost_s(spec["image_px"])) * spec.get(
                 "first_phase_cost", 1)
         phase_after = spec.get("phase_after_s")
-        python_s = float(spec.get("python_ms_per_batch") or 0.0) / 1000.0
         jobs.append(SimJob(name=spec["name"], gpus=spec["gpus"], max_throughput=m, cpu_s_per_sample=p,
                            samples=float(spec["samples"]), arrival_s=float(spec["arrival_s"]),
                            requested_workers=int(spec["num_workers"]), batch_size=int(spec["batch_size"]),
@@ -242,7 +260,8 @@ def jobs_from_measured_mix(document: Mapping[str, Any]) -> tuple[list[SimJob], S
                            # Python work in the training loop, between a batch and its step: never more
                            # than a batch per (that work + the step), whatever the loader's cores
                            python_cap=spec["batch_size"] / (python_s + spec["compute_ms_per_batch"] / 1000.0)
-                           if python_s > 0 else math.inf))
+                           if python_s > 0 else math.inf,
+                           trainer_s_per_sample=python_s / spec["batch_size"]))
     node = document.get("node", {})
     period = float(node.get("period_s", 0.5))
     return jobs, measured_node(period, float(node.get("settle_period_s", period)), node.get("read_bps"))

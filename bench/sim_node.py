@@ -27,16 +27,19 @@ from controller.policies.shares import contended_cores
 from controller.safety_net import SafetyNet
 from throughput_model.curves import LoadingCurveEstimator
 
-QUOTA_TABLE = ((0.0, 0.0), (0.25, 0.235), (0.57, 0.542), (0.75, 0.696), (1.05, 0.925), (1.19, 0.96),
-               (1.47, 0.982), (1.83, 0.992), (2.99, 0.997), (5.63, 1.0))
+QUOTA_TABLE = ((0.0, 0.0), (0.27, 0.276), (0.58, 0.582), (0.8, 0.746), (1.05, 0.927), (1.17, 0.95),
+               (1.44, 0.963), (1.88, 0.976), (2.78, 0.992), (5.05, 1.0))
 """(quota / cores the job would use unthrottled, share of its unthrottled rate it gets):
 medians by bin over the 138 JPEG job runs of the measured ``even`` runs, which give every
-job a quota (bench/results/node_random.json, node.json, node_real.json of 2026-11-24;
-``python -m bench.replay`` refits it). A quota near a loader's mean use costs it 5-8% (its
-bursts are throttled, its main process with them); one far below it costs little beyond the
-cores. The table measured before on one 224 px job alone (docs/policies.md: 377 of 444
-samples/s, 0.85, under a quota of 0.8 cores, 1.16x its 0.69 cores' use) made replayed
-``even`` runs ~4% too idle."""
+job a quota (bench/results/node_random.json, node.json, node_real.json of 2026-11-26, whose
+training processes ran apart from the quota; ``python -m bench.replay`` refits it). A quota
+near a loader's mean use costs it 5-7% (its bursts are throttled); one far below it costs
+little beyond the cores. The table of the runs of 2026-11-24, whose training processes ran
+under their job's quota, gave 3-7% less below a quota of one need (0.542 at 0.57, 0.696 at
+0.75): with it the replayed ``even`` of the shipped mix was 2.2% idler than measured (0.623
+against 0.637), 0.8% with this one. The table measured before on one 224 px job alone
+(docs/policies.md: 377 of 444 samples/s, 0.85, under a quota of 0.8 cores, 1.16x its 0.69
+cores' use) made replayed ``even`` runs ~4% too idle."""
 MAIN_PROCESS_CORES = 0.2
 """Cores a rank's main process can use beyond its workers (collate, the training loop)."""
 STARTUP_CORES = 1.0
@@ -87,6 +90,11 @@ class SimJob:
     """How much its sample's CPU cost grows per e-fold of DataLoader workers per core on the
     node (:func:`oversubscription_inflation`): larger images suffer more (bench/replay.py's
     OVERSUBSCRIPTION_COST_BY_SIDE)."""
+    trainer_s_per_sample: float = 0.0
+    """CPU seconds a sample costs in the training process itself (Python work in its loop). The
+    controller keeps a training process apart from its job's CPU group
+    (controller/training_processes.py): neither the job's quota nor its weight applies to this
+    CPU, and the job's loading curve never sees it."""
     startup_s: float = 0.0
     """Seconds from arrival to its first batch asked for: the process starts (imports, dataset,
     workers) using STARTUP_CORES, delivers nothing, is not seen by the controller (its first
@@ -356,9 +364,15 @@ def _advance(node: SimNode, live: dict[str, _Live], starting: Sequence[_Live], a
             need = need * quota_share(a.cores / need)
         demands[job_id] = need
         weights[job_id] = float(a.cpu_weight or DEFAULT_WEIGHT)
+        if job.spec.trainer_s_per_sample > 0:  # its training processes, apart at the default weight
+            demands[_trainer(job_id)] = min(float(job.spec.ranks), min(ceiling[job_id], job.spec.python_cap)
+                                            * job.spec.trainer_s_per_sample)
+            weights[_trainer(job_id)] = float(DEFAULT_WEIGHT)
     cores = contended_cores(float(node.cores), weights, demands)
     rates = {job_id: min(ceiling[job_id],
-                         job.spec.loading_rate(cores[job_id], now - job.spec.arrival_s, inflation[job_id]))
+                         job.spec.loading_rate(cores[job_id], now - job.spec.arrival_s, inflation[job_id]),
+                         cores[_trainer(job_id)] / job.spec.trainer_s_per_sample
+                         if job.spec.trainer_s_per_sample > 0 else math.inf)
              for job_id, job in live.items()}
     readers = {j: rates[j] * live[j].spec.bytes_per_sample for j in live if live[j].spec.bytes_per_sample > 0}
     read_s_per_sample: dict[str, float] = {}  # seconds a reader's worker spends reading a sample
@@ -393,6 +407,11 @@ def _advance(node: SimNode, live: dict[str, _Live], starting: Sequence[_Live], a
         window_cpu = sum(step.cpu_s for step in job.window)
         if window_cpu > 0:
             job.estimator.observe(window_cpu / span, window_samples / span, batches)
+
+
+def _trainer(job_id: str) -> str:
+    """The key of a job's training processes among the node's CPU demands."""
+    return f"{job_id}/trainer"
 
 
 def oversubscription_inflation(workers: float, cores: float, cost: float = OVERSUBSCRIPTION_COST) -> float:

@@ -74,6 +74,24 @@ def test_a_python_bound_loader_takes_only_the_cores_it_can_use() -> None:
     assert result.jobs["hungry"]["busy_s"] / result.jobs["hungry"]["wall_s"] == pytest.approx(0.75, abs=0.01)
 
 
+def test_a_training_loops_python_work_is_neither_under_its_jobs_quota_nor_its_loading_cost() -> None:
+    """The controller keeps a training process apart from its job's CPU group: under ``even``'s
+    quota of one core a job whose training loop costs 4 ms of Python a sample beside 1 ms of
+    loading (200 samples/s at most, a single-threaded loop) still gets its 0.2 loading cores and
+    runs at full speed, and its curve sees its loading CPU alone."""
+    node = SimNode(cores=2, period_s=1.0)
+    python = SimJob(name="python", gpus=1, max_throughput=200.0, cpu_s_per_sample=0.001, samples=200.0 * 30,
+                    requested_workers=1, concavity=0.0, trainer_s_per_sample=0.004)
+    hungry = SimJob(name="hungry", gpus=1, max_throughput=4000.0, cpu_s_per_sample=0.001, samples=1000.0 * 30,
+                    requested_workers=1, concavity=0.0)
+    result = simulate(node, [python, hungry], make_policy("even"), seed=1)
+    assert result.jobs["python"]["busy_s"] / result.jobs["python"]["wall_s"] == pytest.approx(1.0, abs=0.02)
+    counted = SimJob(name="python", gpus=1, max_throughput=200.0, cpu_s_per_sample=0.005, samples=200.0 * 30,
+                     requested_workers=1, concavity=0.0)
+    result = simulate(node, [counted, hungry], make_policy("even"), seed=1)
+    assert result.jobs["python"]["busy_s"] / result.jobs["python"]["wall_s"] < 0.95  # a 1-core quota on 1 core's need
+
+
 def test_a_crossing_mix_oversubscribes_the_node_and_moves_every_job_to_another_phase() -> None:
     from bench.simulate import CROSSING_FACTORS, crossing_mix
 
@@ -162,6 +180,8 @@ def test_the_real_node_mix_is_replayed_with_its_phase_and_its_python_work() -> N
     assert by_name["resnet-phase-2g"].phases == ((25.0, 2.0),)
     assert by_name["resnet-phase-2g"].cost(30.0) == pytest.approx(2 * by_name["resnet-phase-2g"].cost(10.0))
     assert by_name["pybound-1g"].python_cap == pytest.approx(32 / 0.075)
+    assert by_name["pybound-1g"].trainer_s_per_sample == pytest.approx(0.035 / 32)
+    assert by_name["pybound-1g"].cpu_s_per_sample == pytest.approx(jpeg_cost_s(96))
     assert all(job.python_cap == float("inf") for name, job in by_name.items() if name != "pybound-1g")
 
 
@@ -247,21 +267,31 @@ def test_replayed_jobs_cost_what_their_runs_measured_less_each_runs_oversubscrip
 
     plain = {"name": "plain", "gpus": 1, "batch_size": 32, "compute_ms_per_batch": 100.0, "image_px": 224,
              "samples": 3200, "arrival_s": 0.0, "num_workers": 4}
+    # twice as dear from 5 s after its start, 2 s into a 10 s loop (STARTUP_S = 3): a fifth of its
+    # samples at 1 ms, the rest at 2 ms, 1.8 ms on average
     phased = {**plain, "name": "phased", "phase_after_s": 5.0, "phase_cost": 2}
-    crowded = oversubscription_inflation(8, 2, oversubscription_cost(plain))  # 4 + 4 workers on the 2 cores
-    static = _repeat({"plain": [None, None, None, None, "running"], "phased": [None, None, None, None, "running"]},
+    python = {**plain, "name": "python", "python_ms_per_batch": 16.0}
+    crowded = oversubscription_inflation(12, 2, oversubscription_cost(plain))  # 3 x 4 workers on the 2 cores
+    static = _repeat({name: [None, None, None, None, "running"] for name in ("plain", "phased", "python")},
                      {"plain": {"loader_cpu_s": 3200 * 0.002 * crowded, "samples": 3200},
-                      "phased": {"loader_cpu_s": 9.0, "samples": 3200}})
-    even = _repeat({"plain": [1.0, None, 1, None, "running"], "phased": [1.0, None, 1, None, "running"]},
+                      "phased": {"loader_cpu_s": 3200 * 0.0018 * crowded, "samples": 3200, "loop_s": 10.0},
+                      "python": {"loader_cpu_s": 9.0, "samples": 3200}})
+    even = _repeat({name: [1.0, None, 1, None, "running"] for name in ("plain", "phased")}
+                   | {"python": [0.0, None, 0, None, "running"]},
                    {"plain": {"loader_cpu_s": 3200 * 0.002, "samples": 3200},
-                    "phased": {"loader_cpu_s": 9.0, "samples": 3200}})
-    document = _run({"static": [static], "even": [even]}, [plain, phased])
-    assert workers_per_core(static, {"plain": plain, "phased": phased}) == pytest.approx(4.0)
-    assert workers_per_core(even, {"plain": plain, "phased": phased}) == pytest.approx(1.0)
-    assert job_cpu_costs(document) == {"plain": pytest.approx(0.002)}  # a phase's CPU is not one cost
-    jobs, _ = jobs_from_measured_mix(document)
-    costs = {job.name: job.cpu_s_per_sample for job in jobs}
-    assert costs == {"plain": pytest.approx(0.002), "phased": pytest.approx(jpeg_cost_s(224))}
+                    "phased": {"loader_cpu_s": 3200 * 0.0018, "samples": 3200, "loop_s": 10.0},
+                    "python": {"loader_cpu_s": 9.0, "samples": 3200}})
+    specs = {"plain": plain, "phased": phased, "python": python}
+    document = _run({"static": [static], "even": [even]}, list(specs.values()))
+    assert workers_per_core(static, specs) == pytest.approx(6.0)
+    assert workers_per_core(even, specs) == pytest.approx(1.0)
+    # a phased job costs its first phase's; Python work in a training loop is not a loading cost
+    assert job_cpu_costs(document) == {"plain": pytest.approx(0.002), "phased": pytest.approx(0.001)}
+    jobs = {job.name: job for job in jobs_from_measured_mix(document)[0]}
+    assert {name: job.cpu_s_per_sample for name, job in jobs.items()} == {
+        "plain": pytest.approx(0.002), "phased": pytest.approx(0.001), "python": pytest.approx(jpeg_cost_s(224))}
+    assert jobs["python"].trainer_s_per_sample == pytest.approx(0.016 / 32)
+    assert jobs["plain"].trainer_s_per_sample == jobs["phased"].trainer_s_per_sample == 0.0
 
 
 def test_the_oversubscription_cost_by_side_is_the_slope_over_the_intercept_of_its_runs() -> None:
