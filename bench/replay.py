@@ -6,8 +6,9 @@ from the runs are their inputs and component measurements, never their ratios:
 
 - each replayed job's CPU seconds per sample (``job_cpu_costs``): its loader CPU (workers and
   main process) over its samples in every run of its mix, each run's oversubscription
-  inflation taken out; a job whose CPU is not one loading cost (a phase change, Python work
-  in its loop) costs what its image side costs (``jpeg_cost_s``);
+  inflation taken out, and a phased job's later phase (``phase_dearness``); a job with Python
+  work in its training loop costs what its image side costs (``jpeg_cost_s``) and that work
+  apart (``SimJob.trainer_s_per_sample``), as the controller keeps its training process;
 - the disk's bytes/s by reads in flight (``measured_disk_curve``, bench/disk_readers.py);
 - the node's quota response (``quota_response``, sim_node.QUOTA_TABLE): under ``even``, the
   busy fraction each job reached against its quota over the cores its rate needs;
