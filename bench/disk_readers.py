@@ -14,14 +14,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from bench import report
+from bench import machine, report
 from bench.mix import JobSpec, Mix
 from bench.node import CACHE_DIR, node_setup, prepare_datasets
 from bench.runner import run_policy
@@ -58,7 +57,7 @@ def measure(workers: Sequence[int], repeats: int, cache: Path, workdir: Path, sp
             print(f"  repeat {repeat + 1}/{repeats}, {w} worker(s): {read_bps / 1e6:.0f} MB/s", flush=True)
     return {
         "benchmark": "one O_DIRECT reader alone by worker count (GPU-emulated: its GPU step is a sleep)",
-        "machine": {"platform": platform.platform(), "python": sys.version.split()[0], "read_device": node.read_device},
+        "machine": machine.describe() | {"read_device": node.read_device},
         "reader": {**dataclasses.asdict(spec), "sample_bytes": spec.raw_sample_bytes},
         "repeats": repeats,
         "workers": {str(w): {key: statistics.median(r[key] for r in runs[w]) for key in runs[w][0]} | {"runs": runs[w]}

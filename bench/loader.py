@@ -26,7 +26,6 @@ import argparse
 import json
 import multiprocessing
 import os
-import platform
 import resource
 import statistics
 import sys
@@ -40,6 +39,7 @@ import torch
 from torch.utils.data import Dataset
 
 from adloader import DataLoader
+from bench import machine
 from bench.datasets import JpegFolder, make_jpeg_cache
 
 CACHE = Path(__file__).resolve().parent / "cache"
@@ -244,8 +244,7 @@ def run(config: Config) -> dict[str, Any]:
         return cls(tiny, batch_size=config.tiny_batch, shuffle=True, num_workers=w)
 
     results: dict[str, Any] = {
-        "machine": {"cpus": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)), "python": platform.python_version(),
-                    "torch": torch.__version__, "load_average_at_start": os.getloadavg()},
+        "machine": machine.describe() | {"load_average_at_start": os.getloadavg()},
         "config": config.__dict__,
     }
     print(f"JPEG dataset: {len(jpeg)} images of {config.jpeg_px} px at {jpeg_root}", flush=True)

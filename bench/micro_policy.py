@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import random
 import statistics
 import sys
@@ -18,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from bench import machine
 from controller.policies import JobView, NodeResources, make_policy
 
 POLICIES = ("even", "adaptive", "jct")
@@ -86,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
             "benchmark": "policy allocation time", "node_cores": args.cores, "repeats": args.repeats,
-            "machine": {"cpus": platform.processor() or platform.machine(), "python": sys.version.split()[0]},
+            "machine": machine.describe(),
             "goal_ms_for_100_jobs": GOAL_MS, "results": rows,
         }, indent=2) + "\n")
     return 0

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import platform
 import statistics
 import sys
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from adloader.errors import AdloaderError
-from bench import report
+from bench import machine, report
 from bench.mix import DEFAULT_MIX, PREDICTION_MIX, Mix, load_mix, random_mix
 from bench.runner import JobOutcome, NodeSetup, Progress, RunOutcome, run_policy, split_variant
 
@@ -195,7 +194,7 @@ def benchmark(
     summary = with_best_static_split(report.summarise(runs))
     document = {
         "benchmark": "adloader node benchmark (GPU-emulated: each job's GPU step is a sleep)",
-        "machine": {"cpus_managed": node.cpus, "platform": platform.platform(), "python": sys.version.split()[0]},
+        "machine": machine.describe() | {"cpus_managed": node.cpus},
         "node": {"cpus": node.cpus, "period_s": node.period_s, "settle_period_s": node.settle_period_s,
                  "read_bps": node.read_bps, "read_device": node.read_device},
         "mix": mix.to_dict(),

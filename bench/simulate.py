@@ -35,13 +35,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import platform
 import random
 import statistics
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+from bench import machine
 from bench.replay import (
     DISK_BPS,
     MEASURED_COST_S,
@@ -409,7 +409,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{headroom['simulated_unlimited_cores_under_1_05']} of {headroom['mixes']} mixes")
     document = {
         "benchmark": "adloader policies at 8-GPU scale, SIMULATED (bench/sim_node.py drives the real policies)",
-        "machine": {"platform": platform.platform(), "python": platform.python_version()},
+        "machine": machine.describe(),
         "period_s": args.period, "settle_period_s": args.settle_period, "scale": scale, "crossing_phases": crossing,
         "two_core_phases": two_core, "crossing_pairs": pairs, "reality_check": check,
         "random_mix_headroom_vs_static": headroom,

@@ -24,7 +24,6 @@ import argparse
 import logging
 import multiprocessing
 import os
-import platform
 import statistics
 import sys
 import time
@@ -33,6 +32,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, Sequence
 
+from bench import machine
 from bench.report import write_json
 from controller.backends.base import BackendError
 from controller.backends.cgroup_v1 import CgroupV1Backend
@@ -164,8 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json is not None:
         document: dict[str, Any] = {
             "benchmark": "trainer wake-up overrun under a low CPU weight (real cgroup v1 groups, spinning workers)",
-            "machine": {"cpus": os.cpu_count(), "affinity": workers, "python": platform.python_version(),
-                        "kernel": platform.release(), "load_average_at_start": os.getloadavg()},
+            "machine": machine.describe() | {"spinning_workers_per_job": workers, "load_average_at_start": os.getloadavg()},
             "step_ms": args.step_ms, "seconds_per_cell": args.seconds, "repeats": args.repeats,
             "neighbour_weight": SATISFIED_NEIGHBOUR_WEIGHT, "cells": rows,
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -98,7 +98,7 @@ def users() -> Iterator[tuple[pwd.struct_passwd, pwd.struct_passwd]]:
 
 TIERS: dict[str, tuple[str, ...]] = {
     "pure": (
-        "test_protocol", "test_cpuspec", "test_curves", "test_curve_phases", "test_simulator", "test_policies", "test_policies_properties", "test_bench_mix", "test_bench_first_plans",
+        "test_protocol", "test_cpuspec", "test_curves", "test_curve_phases", "test_simulator", "test_policies", "test_policies_properties", "test_bench_mix", "test_bench_first_plans", "test_bench_machine",
         "test_registry", "test_registry_policy_inputs", "test_worker_memory_reads", "test_placement", "test_safety_net", "test_flapping", "test_change_rate",
         "test_completion_check", "test_outgrown",
         "test_history", "test_peer", "test_throughput_model_features", "test_throughput_model_fit",
