@@ -149,7 +149,12 @@ def _job_runs(document: Mapping[str, Any], policies: Sequence[str] | None = None
 
 def _plain(spec: Mapping[str, Any]) -> bool:
     """A job whose loader CPU is all loading and whose cost does not change mid-run."""
-    return spec.get("phase_after_s") is None and not spec.get("python_ms_per_batch")
+    return spec.get("phase_after_s") is None and not _python_s_per_batch(spec)
+
+
+def _python_s_per_batch(spec: Mapping[str, Any]) -> float:
+    """Seconds of Python work the job's training loop does per batch (0: none)."""
+    return float(spec.get("python_ms_per_batch") or 0.0) / 1000.0
 
 
 def job_cpu_costs(document: Mapping[str, Any]) -> dict[str, float]:
@@ -161,7 +166,7 @@ def job_cpu_costs(document: Mapping[str, Any]) -> dict[str, float]:
     specs = {spec["name"]: spec for spec in document["mix"]["jobs"]}
     costs: dict[str, list[float]] = {}
     for _, repeat, spec, job in _job_runs(document):
-        if not spec.get("python_ms_per_batch") and job.get("samples"):
+        if not _python_s_per_batch(spec) and job.get("samples"):
             inflation = oversubscription_inflation(workers_per_core(repeat, specs) * NODE_CORES, NODE_CORES,
                                                    oversubscription_cost(spec))
             costs.setdefault(spec["name"], []).append(
@@ -239,7 +244,7 @@ def jobs_from_measured_mix(document: Mapping[str, Any]) -> tuple[list[SimJob], S
         m = spec["batch_size"] / (spec["compute_ms_per_batch"] / 1000.0)
         true = curves.get(spec["name"]) or {}
         b = float(true.get("bytes_per_sample", spec["image_px"] ** 2 * 3 if spec.get("io_bound") else 0.0))
-        python_s = float(spec.get("python_ms_per_batch") or 0.0) / 1000.0
+        python_s = _python_s_per_batch(spec)
         if spec["name"] in measured:
             p = measured[spec["name"]]
         elif python_s > 0:  # its probe's CPU counted its training loop's Python work: apart now
