@@ -44,7 +44,7 @@ class PlotUnavailable(AdloaderError):
 METRICS = ("gpu_busy", "samples_per_s", "makespan_s", "mean_jct_s", "controller_cpu_pct", "settle_s",
            "changes_per_job_minute")
 HIGHER_IS_BETTER = {"gpu_busy": True, "samples_per_s": True, "makespan_s": False, "mean_jct_s": False}
-BASELINES = ("even", "static", "oracle")
+BASELINES = ("even", "static", "oracle", "oracle-phased")
 SETTLE_CORES = 0.05
 LABEL = "GPU-emulated"
 

@@ -181,8 +181,8 @@ class SimResult:
 
 @dataclass
 class SimClock:
-    """The simulated time, for what the simulation drives: the loop hooks, and a benchmark
-    policy that needs it (bench/simulate.py's phase-aware oracle)."""
+    """The simulated time, for the loop hooks the simulation drives (``ChangeClock``,
+    ``SafetyNet``)."""
 
     now: float = 0.0
 
@@ -241,12 +241,11 @@ class SimNode:
 
 
 def simulate(node: SimNode, jobs: Sequence[SimJob], policy: Policy, seed: int = 0,
-             horizon_s: float = 3600.0, safety_net: bool = True, clock: SimClock | None = None) -> SimResult:
-    """Run ``jobs`` on ``node`` under ``policy`` until every job is done (or ``horizon_s``);
-    ``clock`` is kept at the simulated time of each step."""
+             horizon_s: float = 3600.0, safety_net: bool = True) -> SimResult:
+    """Run ``jobs`` on ``node`` under ``policy`` until every job is done (or ``horizon_s``)."""
     rng = random.Random(seed)
     now = 0.0
-    clock = clock if clock is not None else SimClock()
+    clock = SimClock()
     change_clock = ChangeClock(clock=clock)
     net = SafetyNet(clock=clock, window_s=WINDOW_S) if safety_net else None
     resources = node.resources()

@@ -52,9 +52,9 @@ from bench.replay import (
     reality_check,
 )
 from bench.report import write_json
-from bench.sim_node import SimClock, SimJob, SimNode, SimResult, simulate
+from bench.sim_node import SimJob, SimNode, SimResult, simulate
 from controller.policies import make_policy
-from controller.policies.base import Allocation, JobView, NodeResources, Policy
+from controller.policies.base import Policy
 from controller.policies.oracle import OraclePolicy
 from controller.policies.shares import JobModel, with_plan_margin
 from throughput_model.curves import concave_lines
@@ -164,33 +164,18 @@ def true_model(job: SimJob, age_s: float, node: SimNode) -> JobModel:
                                      bytes_per_sample=job.bytes_per_sample))
 
 
-def oracle_for(jobs: Sequence[SimJob], node: SimNode, last_phase: bool = False) -> OraclePolicy:
-    """The oracle on the jobs' true curves of their first phase, or of their last one."""
-    return OraclePolicy(curves={
-        job.name: true_model(job, max((start for start, _ in job.phases), default=0.0) if last_phase else 0.0, node)
-        for job in jobs})
-
-
-class PhasedOracle:
-    """The best static split re-searched the moment any job enters a new phase, on the true
-    curves of that phase: the most a controller that follows phases could get over ``oracle``,
-    with no lag and no measurement error (a bound, for the report; it reads the simulated clock)."""
-
-    name = "oracle_phased"
-
-    def __init__(self, jobs: Sequence[SimJob], clock: SimClock, node: SimNode) -> None:
-        self._jobs = {job.name: job for job in jobs}
-        self._clock = clock
-        self._node = node
-        self._oracles: dict[tuple[tuple[str, float], ...], OraclePolicy] = {}
-
-    def allocate(self, node: NodeResources, jobs: Sequence[JobView]) -> Allocation:
-        truths = {view.name: self._jobs[view.name] for view in jobs}
-        costs = tuple(sorted((name, job.cost(self._clock.now - job.arrival_s)) for name, job in truths.items()))
-        if costs not in self._oracles:
-            self._oracles[costs] = OraclePolicy(curves={
-                name: true_model(job, self._clock.now - job.arrival_s, self._node) for name, job in truths.items()})
-        return self._oracles[costs].allocate(node, jobs)
+def oracle_for(jobs: Sequence[SimJob], node: SimNode, last_phase: bool = False,
+               follow_phases: bool = False) -> OraclePolicy:
+    """The oracle on the jobs' true curves of their first phase, or of their last one; or,
+    ``follow_phases``, re-searched the moment any job enters a new phase, on the true curves
+    of that phase: the most a controller that follows phases could get over ``oracle``, with
+    no measurement lag (a bound, for the report). A job's phases count from its arrival and
+    its age from its first report (``startup_s`` later), so each is told ``startup_s`` early."""
+    last_start = {job.name: max((start for start, _ in job.phases), default=0.0) for job in jobs}
+    later = {job.name: [(start - job.startup_s, true_model(job, start, node)) for start, _ in job.phases]
+             for job in jobs if follow_phases and job.phases}
+    return OraclePolicy(curves={job.name: true_model(job, last_start[job.name] if last_phase else 0.0, node)
+                                for job in jobs}, later=later)
 
 
 def run_policy(name: str, node: SimNode, jobs: Sequence[SimJob], seed: int) -> SimResult:
@@ -201,11 +186,10 @@ def run_policy(name: str, node: SimNode, jobs: Sequence[SimJob], seed: int) -> S
         runs = [simulate(node, jobs, oracle_for(jobs, node, last_phase=last), seed=seed)
                 for last in ((False, True) if any(job.phases for job in jobs) else (False,))]
         return max(runs, key=lambda run: run.gpu_busy)
-    clock = SimClock()
-    policy: Policy = PhasedOracle(jobs, clock, node) if name == "oracle_phased" else make_policy(name)
+    policy: Policy = oracle_for(jobs, node, follow_phases=True) if name == "oracle_phased" else make_policy(name)
     # the bound knows the truth: nothing for the safety net to catch, and its own cuts, which
     # make the cut jobs slower by design, are not to be taken back
-    return simulate(node, jobs, policy, seed=seed, clock=clock, safety_net=name != "oracle_phased")
+    return simulate(node, jobs, policy, seed=seed, safety_net=name != "oracle_phased")
 
 
 # ---------------------------------------------------------------------------------------- scoring

@@ -1,14 +1,16 @@
 """How long each job's allocation has been in force, how long since the job set changed,
-which jobs' models became known at this step, whether a job left at this step, and what
-each job had left to do when the job set last changed.
+how long since each job was first seen, which jobs' models became known at this step,
+whether a job left at this step, and what each job had left to do when the job set last
+changed.
 
 The policies are pure and have no clock or memory, so the loop hands them these facts in
-the JobViews (``allocation_age_s``, ``since_event_s``, ``newly_modelled``,
+the JobViews (``allocation_age_s``, ``since_event_s``, ``age_s``, ``newly_modelled``,
 ``departure_step``, ``remaining_at_event_samples``): ``adaptive`` changes a settled job's
 limits at most once a minute unless the gain is urgent, settles freely for a while after an
 arrival or a departure, and plans a job the step its model becomes known and the jobs left
 the step one departs; ``jct`` ranks jobs by the work they had left at the last arrival or
-departure, so its ranks do not drift between them.
+departure, so its ranks do not drift between them; the benchmark's phase-following
+``oracle`` knows from a job's age which of its phases it is in.
 
 The loop also says whether the node is still settling (:func:`settling`), so the daemon can
 step at its shorter settle period until every newcomer's plan is made.
@@ -28,8 +30,9 @@ JOB_SET_EVENTS = frozenset({"arrival", "departure", "adoption", "policy_change"}
 
 
 class ChangeClock:
-    """Remembers when each job's applied allocation last changed, when the job set did, which
-    jobs were seen without a model, and each job's remaining samples at the job set's change."""
+    """Remembers when each job's applied allocation last changed, when the job set did, when
+    each job was first seen, which jobs were seen without a model, and each job's remaining
+    samples at the job set's change."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
@@ -37,6 +40,7 @@ class ChangeClock:
         self._last: dict[str, JobAllocation] = {}
         self._event_at: float | None = None
         self._unmodelled: set[str] = set()
+        self._first_seen: dict[str, float] = {}
         self._remaining_at_event: dict[str, float] = {}
 
     def annotate(self, views: Sequence[JobView], events: Iterable[str] = ()) -> list[JobView]:
@@ -50,12 +54,14 @@ class ChangeClock:
         if job_set_changed:
             self._event_at = now
         self._remember_remaining(views, job_set_changed)
+        self._first_seen = {view.job_id: self._first_seen.get(view.job_id, now) for view in views}
         modelled = {view.job_id for view in views if measured_model(view) is not None}
         annotated = [
             dataclasses.replace(
                 view,
                 allocation_age_s=now - self._changed_at[view.job_id] if view.job_id in self._changed_at else None,
                 since_event_s=now - self._event_at,
+                age_s=now - self._first_seen[view.job_id],
                 newly_modelled=view.job_id in modelled and view.job_id in self._unmodelled,
                 departure_step=departure_step,
                 remaining_at_event_samples=self._remaining_at_event.get(view.job_id),

@@ -98,6 +98,14 @@ def test_on_a_phase_changing_mix_the_oracle_is_the_better_of_the_splits_for_the_
     best = max(splits, key=lambda label: policies[label]["gpu_busy"])
     assert policies["oracle"]["split"] == best
     assert policies["oracle"]["gpu_busy"] == policies[best]["gpu_busy"]
+    # beside them, the bound that follows each job's phase: both phases' curves, switched at 0.5 s
+    assert "oracle-phased" in proc.stdout and "vs_oracle" in document["ratios"]["oracle-phased"]
+    following = json.loads((tmp_path / "runs" / "true-curves-oracle-phased.json").read_text())["jobs"]
+    for name in ("a", "b"):
+        (later,) = following[name]["phases"]
+        assert later["after_s"] == 0.5
+        assert later["loading_curve"] == document["true_curves_last_phase"][name]["loading_curve"]
+        assert following[name]["loading_curve"] == document["true_curves"][name]["loading_curve"]
     first, last = document["true_curves"], document["true_curves_last_phase"]
     # four loads a sample: probed at 1.9-2.2x one on the 2-core VM (a sample's fixed costs), so
     # well above 1x but not reliably above 2x

@@ -77,6 +77,21 @@ def test_change_clock_ages_allocations_and_restarts_settling_at_job_set_events()
     assert gone.allocation_age_s is None
 
 
+def test_change_clock_ages_each_job_from_the_step_it_was_first_seen() -> None:
+    now = [10.0]
+    clock = ChangeClock(clock=lambda: now[0])
+    a, b = JobView(job_id="a", name="a"), JobView(job_id="b", name="b")
+    (first,) = clock.annotate([a], {"arrival"})
+    assert first.age_s == 0.0
+    now[0] = 25.0
+    aged_a, new_b = clock.annotate([a, b], {"arrival"})  # b's arrival resets the job set's clock, not a's age
+    assert (aged_a.age_s, new_b.age_s, aged_a.since_event_s) == (15.0, 0.0, 0.0)
+    now[0] = 30.0
+    clock.annotate([b], {"departure"})
+    (back,) = clock.annotate([a], {"arrival"})  # a job seen again after it left is a new one
+    assert back.age_s == 0.0
+
+
 def test_a_job_is_planned_at_the_step_its_model_becomes_known_on_a_lower_bar() -> None:
     """Its even share was a placeholder: waiting for the 10% threshold let measurement noise
     decide when a newcomer got its plan (7-7.6 s after its first report on two random

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from controller.policies import JobAllocation, JobView, NodeResources, PolicyError, make_policy, policy_names
+from controller.policies import Allocation, JobAllocation, JobView, NodeResources, PolicyError, make_policy, policy_names
 from controller.policies import lp
 from controller.policies.oracle import CURVES_VAR, OraclePolicy
 from controller.policies.shares import (
@@ -467,6 +467,32 @@ def test_oracle_reads_its_curves_from_the_file_the_benchmark_writes(tmp_path: Pa
     allocation = oracle.allocate(NODE, jobs)
     assert planned(allocation["z"]) == pytest.approx(NODE.cores / 3, abs=0.01)
     assert planned(allocation["a"]) > 10 * planned(allocation["b"])  # b's true curve needs almost nothing
+
+
+def test_the_phase_following_oracle_plans_each_job_on_the_curve_of_the_phase_its_age_is_in(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bound the benchmark shows beside the best static split on a phase-changing mix
+    (``oracle-phased``): from 25 s after it was first seen, a's samples cost 8x more and b's 8x
+    less; each job needs 1.6 of the 4 cores in its cheap phase, 12.8 in its dear one."""
+    cheap, dear = [[1.0, 250.0]], [[1.0, 31.25]]
+    path = tmp_path / "curves.json"
+    path.write_text(json.dumps({"jobs": {
+        "name-a": {"max_throughput": 400.0, "loading_curve": cheap,
+                   "phases": [{"after_s": 25.0, "max_throughput": 400.0, "loading_curve": dear}]},
+        "name-b": {"max_throughput": 400.0, "loading_curve": dear,
+                   "phases": [{"after_s": 25.0, "max_throughput": 400.0, "loading_curve": cheap}]},
+    }}))
+    monkeypatch.setenv(CURVES_VAR, str(path))
+    oracle = make_policy("oracle")
+
+    def plan(age_s: float | None) -> Allocation:
+        return oracle.allocate(NODE, [dataclasses.replace(job(name, m=400.0, p=0.001), age_s=age_s) for name in "ab"])
+
+    first, unknown_age, later = plan(24.0), plan(None), plan(25.0)
+    assert unknown_age == first  # a job whose age is not known stays in its first phase
+    assert first["a"].cpu_weight >= SATISFIED_WEIGHT > first["b"].cpu_weight  # the cheap job is fed first
+    assert later["b"].cpu_weight >= SATISFIED_WEIGHT > later["a"].cpu_weight
+    assert planned(later["b"]) == pytest.approx(planned(first["a"]))
 
 
 def test_oracle_without_curves_says_how_to_give_them(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -112,6 +112,8 @@ class JobView:
     """Seconds ``current`` has been in force; None: not tracked (no limit on how often it changes)."""
     since_event_s: float | None = None
     """Seconds since the node's job set last changed (an arrival or a departure); None: not tracked."""
+    age_s: float | None = None
+    """Seconds since the loop first saw the job (its first report); None: not tracked."""
     newly_modelled: bool = False
     """True at the one control step at which the job's model (M and loading curve) became
     known, having been unknown at an earlier step (controller/change_clock.py)."""

@@ -8,14 +8,22 @@ and bandwidth on a grid (an exact dynamic program over jobs, since the objective
 Σ g_j·T_j/M_j is a sum over jobs) and keeps it for as long as that set lives: the
 limit an allocation without measurement error or adaptation lag can reach.
 
+Given the true curves of a job's later phases too (``phases``), it re-searches the
+moment a job's age (``JobView.age_s``) enters one: the most a controller that follows
+phases could get, with no measurement lag (the benchmark's ``oracle-phased`` bound).
+
 File format::
 
     {"jobs": {"<job name>": {"max_throughput": 500.0,
                              "loading_curve": [[cores, samples_per_s], ...],
-                             "bytes_per_sample": 0.0}}}
+                             "bytes_per_sample": 0.0,
+                             "phases": [{"after_s": 25.0, "max_throughput": ...,
+                                         "loading_curve": ..., "bytes_per_sample": ...}]}}}
 
 ``loading_curve`` is the rate against cores *used*; it is planned with the same
 margin, and turned into limits the same way, as adaptive's (controller/policies/shares.py).
+``phases`` (optional): the job's true model from ``after_s`` seconds after the
+controller first saw it.
 
 Jobs the file does not name get an even share of what is left.
 """
@@ -44,23 +52,34 @@ from throughput_model.curves import concave_lines
 CURVES_VAR = "ADLOADER_ORACLE_CURVES"
 
 
-def load_true_curves(path: str | os.PathLike[str]) -> dict[str, JobModel]:
-    """Read the benchmark's true-curves file (format in the module docstring)."""
+LaterPhases = Mapping[str, Sequence[tuple[float, JobModel]]]
+"""Job name -> (seconds after the job was first seen, its true model from then), in order."""
+
+
+def _model(entry: Mapping) -> JobModel:
+    return with_plan_margin(JobModel(
+        max_throughput=float(entry["max_throughput"]),
+        lines=concave_lines([(float(c), float(s)) for c, s in entry["loading_curve"]]),
+        bytes_per_sample=float(entry.get("bytes_per_sample", 0.0)),
+    ))
+
+
+def load_true_curves(path: str | os.PathLike[str]) -> tuple[dict[str, JobModel], dict[str, list[tuple[float, JobModel]]]]:
+    """Read the benchmark's true-curves file (format in the module docstring): each job's
+    model and its later phases' models."""
     try:
         data = json.loads(Path(path).read_text())
-        models = {}
+        models, later = {}, {}
         for name, entry in data["jobs"].items():
-            models[name] = with_plan_margin(JobModel(
-                max_throughput=float(entry["max_throughput"]),
-                lines=concave_lines([(float(c), float(s)) for c, s in entry["loading_curve"]]),
-                bytes_per_sample=float(entry.get("bytes_per_sample", 0.0)),
-            ))
+            models[name] = _model(entry)
+            if entry.get("phases"):
+                later[name] = sorted((float(phase["after_s"]), _model(phase)) for phase in entry["phases"])
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise PolicyError(
             f"cannot read the oracle's true curves from {path}: {exc}; the file is written by "
             "'adloader bench' (format in controller/policies/oracle.py)"
         ) from None
-    return models
+    return models, later
 
 
 class OraclePolicy:
@@ -69,12 +88,15 @@ class OraclePolicy:
     def __init__(
         self,
         curves: Mapping[str, JobModel] | None = None,
+        later: LaterPhases | None = None,
         steps: int = 40,
         workers_per_core: float = 1.0,
         reader_workers_per_core: float = 2.0,
     ) -> None:
         """``curves``: true model per job name; None reads the file named by
-        ``ADLOADER_ORACLE_CURVES``. ``steps``: grid points per resource."""
+        ``ADLOADER_ORACLE_CURVES`` (and ``later`` with it). ``later``: the true models of
+        jobs' later phases (none: the first holds throughout). ``steps``: grid points per
+        resource."""
         if curves is None:
             path = os.environ.get(CURVES_VAR)
             if not path:
@@ -82,34 +104,47 @@ class OraclePolicy:
                     f"the oracle policy needs the jobs' true curves: set {CURVES_VAR} to a JSON file "
                     "(adloader bench writes one); it is meant for benchmarks only"
                 )
-            curves = load_true_curves(path)
+            curves, later = load_true_curves(path)
         self.curves = dict(curves)
+        self.later = {name: tuple(sorted(phases, key=lambda phase: phase[0])) for name, phases in (later or {}).items()}
         self.steps = steps
         self.workers_per_core = workers_per_core
         self.reader_workers_per_core = reader_workers_per_core
         self._memo: dict[tuple, Allocation] = {}
 
     def allocate(self, node: NodeResources, jobs: Sequence[JobView]) -> Allocation:
-        """The best static split for this job set; the search runs once per set (the answer
-        depends on nothing a job reports), so the controller's loop stays cheap."""
+        """The best static split for this job set and the phases its jobs are in; the search
+        runs once per such set (the answer depends on nothing a job reports), so the
+        controller's loop stays cheap."""
         if not jobs:
             return {}
         jobs = sorted(jobs, key=lambda j: j.job_id)
-        key = (node, tuple((job.job_id, job.name, job.gpus, job.ranks) for job in jobs))
+        phases = {job.job_id: self._phase(job) for job in jobs}
+        key = (node, tuple((job.job_id, job.name, job.gpus, job.ranks, phases[job.job_id]) for job in jobs))
         if key not in self._memo:
             if len(self._memo) > 256:
                 self._memo.clear()
-            self._memo[key] = self._search(node, jobs)
+            self._memo[key] = self._search(node, jobs, phases)
         return self._memo[key]
 
-    def _search(self, node: NodeResources, jobs: Sequence[JobView]) -> Allocation:
+    def _phase(self, job: JobView) -> int:
+        """The job's phase: 0 until its age reaches the first of its later phases (a job of
+        unknown age stays in its first)."""
+        starts = [after_s for after_s, _ in self.later.get(job.name, ())]
+        return sum(1 for after_s in starts if job.age_s is not None and job.age_s >= after_s)
+
+    def _true_model(self, job: JobView, phase: int) -> JobModel:
+        return self.curves[job.name] if phase == 0 else self.later[job.name][phase - 1][1]
+
+    def _search(self, node: NodeResources, jobs: Sequence[JobView], phases: Mapping[str, int]) -> Allocation:
         known = [job for job in jobs if job.name in self.curves]
         unknown = [job for job in jobs if job.name not in self.curves]
-        bandwidth = contended_bandwidth(node, jobs, {job.job_id: self.curves[job.name] for job in known})
+        truth = {job.job_id: self._true_model(job, phases[job.job_id]) for job in known}
+        bandwidth = contended_bandwidth(node, jobs, truth)
         core_floor, io_floor = floors(node, len(jobs))
         cores = {job.job_id: node.cores / len(jobs) for job in unknown}
         io = {job.job_id: (bandwidth or 0.0) / len(jobs) for job in unknown}
-        models = [self.curves[job.name] for job in known]
+        models = [truth[job.job_id] for job in known]
         weights = [float(max(1, job.gpus)) for job in known]
         spare_cores = node.cores - sum(cores.values()) - core_floor * len(known)
         spare_io = None
@@ -122,10 +157,10 @@ class OraclePolicy:
         for job, c, b in zip(known, best_cores, best_io):
             cores[job.job_id] = c
             io[job.job_id] = b
-            if self.curves[job.name].busy(c, b if spare_io is not None else None) >= SATISFIED:
+            if truth[job.job_id].busy(c, b if spare_io is not None else None) >= SATISFIED:
                 satisfied.add(job.job_id)
         read_bps = spread(bandwidth, io, floor=io_floor) if bandwidth is not None else None
-        readers = workers_follow_reads(node, {job.job_id: self.curves[job.name] for job in known})
+        readers = workers_follow_reads(node, truth)
         return allocations(
             node, jobs, cores, read_bps, frozenset(satisfied), readers,
             self.workers_per_core, self.reader_workers_per_core,
