@@ -227,8 +227,9 @@ so never ``oracle``)."""
 def following_phases(mix: Mix, first: dict[str, dict], last: dict[str, dict]) -> dict[str, dict]:
     """The true curves of each job's first phase, with its last phase's from ``phase_after_s``
     (controller/policies/oracle.py's ``phases``). The controller counts a job's age from its
-    first report, a moment after the job's phase clock starts, so the bound follows each phase
-    that moment (its start-up, under a second) plus up to a control period late."""
+    launcher's registration, before the job's process has imported what it needs and started
+    its phase clock (2 s before on the 2-core EPYC VM), so the bound follows each phase up to
+    that early, or up to a control period late: 1.3 s early on ``crossing_pair_sharp``."""
     curves = {}
     for spec in mix.jobs:
         curves[spec.name] = dict(first[spec.name])
