@@ -214,8 +214,7 @@ class AdaptivePolicy:
         reads_exhausted = manage_io and sum(solution.read_bps.values()) >= free_io * (1 - 1e-6)
         satisfied = frozenset(
             job_id for job_id, busy in solution.busy.items()
-            if busy >= SATISFIED or _reader_nearly_fed(models[job_id], busy)
-            or (reads_exhausted and _bandwidth_bound(models[job_id], busy, solution.read_bps[job_id]))
+            if busy >= SATISFIED or (reads_exhausted and _bandwidth_bound(models[job_id], busy, solution.read_bps[job_id]))
         )
         return allocations(
             node, jobs, {**reserved_cores, **solution.cores}, read_bps, satisfied, workers_follow_reads(node, models),
@@ -448,20 +447,6 @@ def _plan_anew(jobs: Sequence[JobView]) -> bool:
     """True at a step where what the jobs hold was planned for another node: a job's model has
     just become known (its even share was a placeholder), or a job has just left."""
     return any(job.newly_modelled or job.departure_step for job in jobs)
-
-
-READER_NEARLY_FED = 0.9
-"""A reader planned at least this busy is given all it needs (the satisfied weight)."""
-
-
-def _reader_nearly_fed(model: JobModel, busy: float) -> bool:
-    """True for a job that reads its samples from the device and is planned nearly all it
-    needs. Its workers sleep on every read, and a share by CPU weight does not give back the
-    wake-up they need: on ``real_node`` (EPYC VM, 2026-11-27) an O_DIRECT reader needing 0.21
-    cores, planned at weight 20 as an equal of a 2-GPU job, ran 0.68-0.71 busy where the
-    oracle's satisfied weight gave it 0.91-0.93. Taking all it needs costs the others at most
-    a tenth of its need."""
-    return model.bytes_per_sample > 0 and busy >= READER_NEARLY_FED
 
 
 def _bandwidth_bound(model: JobModel, busy: float, read_bps: float) -> bool:
