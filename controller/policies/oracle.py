@@ -57,6 +57,7 @@ LaterPhases = Mapping[str, Sequence[tuple[float, JobModel]]]
 
 
 def _model(entry: Mapping) -> JobModel:
+    """One entry of the file (a job, or one of its phases) as the model a plan uses."""
     return with_plan_margin(JobModel(
         max_throughput=float(entry["max_throughput"]),
         lines=concave_lines([(float(c), float(s)) for c, s in entry["loading_curve"]]),
@@ -64,16 +65,16 @@ def _model(entry: Mapping) -> JobModel:
     ))
 
 
-def load_true_curves(path: str | os.PathLike[str]) -> tuple[dict[str, JobModel], dict[str, list[tuple[float, JobModel]]]]:
+def load_true_curves(path: str | os.PathLike[str]) -> tuple[dict[str, JobModel], LaterPhases]:
     """Read the benchmark's true-curves file (format in the module docstring): each job's
-    model and its later phases' models."""
+    model and its later phases' models (the policy puts them in order)."""
     try:
         data = json.loads(Path(path).read_text())
         models, later = {}, {}
         for name, entry in data["jobs"].items():
             models[name] = _model(entry)
             if entry.get("phases"):
-                later[name] = sorted((float(phase["after_s"]), _model(phase)) for phase in entry["phases"])
+                later[name] = [(float(phase["after_s"]), _model(phase)) for phase in entry["phases"]]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise PolicyError(
             f"cannot read the oracle's true curves from {path}: {exc}; the file is written by "
@@ -130,8 +131,9 @@ class OraclePolicy:
     def _phase(self, job: JobView) -> int:
         """The job's phase: 0 until its age reaches the first of its later phases (a job of
         unknown age stays in its first)."""
-        starts = [after_s for after_s, _ in self.later.get(job.name, ())]
-        return sum(1 for after_s in starts if job.age_s is not None and job.age_s >= after_s)
+        if job.age_s is None:
+            return 0
+        return sum(1 for after_s, _ in self.later.get(job.name, ()) if job.age_s >= after_s)
 
     def _true_model(self, job: JobView, phase: int) -> JobModel:
         return self.curves[job.name] if phase == 0 else self.later[job.name][phase - 1][1]
