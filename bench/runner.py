@@ -23,14 +23,17 @@ import shutil
 import sys
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import psutil
 
 from adloader.errors import AdloaderError
-from bench.controller_process import CGROUP_ROOT, Cleanup, ControllerProcess, JobProcess, base_environment
+from bench.controller_process import (
+    CGROUP_ROOT, Cleanup, ControllerProcess, JobProcess, base_environment, cgroup_of, move_into,
+)
 from bench.mix import JobSpec, Mix
 from bench.model_jobs import write_features
 from controller.backends.cgroupfs import write_interface
@@ -121,43 +124,45 @@ def run_policy(
         log_path=run_dir / "controller.log", environ=base_environment(**curves),
     )
     cleanup = Cleanup(graceful=True)
-    controller.node_cgroup = _make_node_group(f"{controller.group}-node")
+    controller.node_cgroup = _make_weighted_group(f"{controller.group}-node")
+    controller.control_cgroup = _make_weighted_group(f"{controller.group}-ctl")
     cleanup.track(controller)
     launchers: dict[str, JobProcess] = {}
     outcomes: list[JobOutcome] = []
     try:
-        controller.start()
-        ctl = psutil.Process(controller.proc.pid)
-        cpu_before = _cpu_seconds(ctl)
-        start = time.monotonic()
-        started_at = time.time()
-        pending = sorted(mix.jobs, key=lambda j: j.arrival_s)
-        status_samples: list[tuple[float, dict[str, dict]]] = []
-        while pending or any(o.ended_s is None for o in outcomes):
-            now = time.monotonic() - start
-            if now > timeout_s:
-                raise BenchError(f"{policy}: the mix did not finish within {timeout_s:.0f}s; logs in {run_dir}")
-            while pending and pending[0].arrival_s <= now:
-                spec = pending.pop(0)
-                launchers[spec.name] = _launch(controller, spec, datasets[spec.name], run_dir, send_features)
-                outcomes.append(JobOutcome(spec=spec, launched_s=now))
-            for outcome in outcomes:
-                if outcome.ended_s is None:
-                    code = launchers[outcome.spec.name].proc.poll()
-                    if code is not None:
-                        outcome.ended_s, outcome.exit_code = time.monotonic() - start, code
-            snapshot = controller.poll_status()
-            if controller.proc.poll() is not None:
-                raise BenchError(f"{policy}: the controller exited with {controller.proc.returncode}; "
-                                 f"log: {controller.log_path}")
-            if snapshot is not None:
-                live = {j.name: _job_fields(j) for j in snapshot.jobs if j.state != "gone"}
-                status_samples.append((round(now, 3), live))
-            if progress is not None:
-                progress(label, now, outcomes, snapshot)
-            time.sleep(POLL_S)
-        wall = time.monotonic() - start
-        cpu = _cpu_seconds(ctl) - cpu_before
+        with running_in(controller.control_cgroup):
+            controller.start()
+            ctl = psutil.Process(controller.proc.pid)
+            cpu_before = _cpu_seconds(ctl)
+            start = time.monotonic()
+            started_at = time.time()
+            pending = sorted(mix.jobs, key=lambda j: j.arrival_s)
+            status_samples: list[tuple[float, dict[str, dict]]] = []
+            while pending or any(o.ended_s is None for o in outcomes):
+                now = time.monotonic() - start
+                if now > timeout_s:
+                    raise BenchError(f"{policy}: the mix did not finish within {timeout_s:.0f}s; logs in {run_dir}")
+                while pending and pending[0].arrival_s <= now:
+                    spec = pending.pop(0)
+                    launchers[spec.name] = _launch(controller, spec, datasets[spec.name], run_dir, send_features)
+                    outcomes.append(JobOutcome(spec=spec, launched_s=now))
+                for outcome in outcomes:
+                    if outcome.ended_s is None:
+                        code = launchers[outcome.spec.name].proc.poll()
+                        if code is not None:
+                            outcome.ended_s, outcome.exit_code = time.monotonic() - start, code
+                snapshot = controller.poll_status()
+                if controller.proc.poll() is not None:
+                    raise BenchError(f"{policy}: the controller exited with {controller.proc.returncode}; "
+                                     f"log: {controller.log_path}")
+                if snapshot is not None:
+                    live = {j.name: _job_fields(j) for j in snapshot.jobs if j.state != "gone"}
+                    status_samples.append((round(now, 3), live))
+                if progress is not None:
+                    progress(label, now, outcomes, snapshot)
+                time.sleep(POLL_S)
+            wall = time.monotonic() - start
+            cpu = _cpu_seconds(ctl) - cpu_before
     finally:
         cleanup.run()
     failed = [o for o in outcomes if o.exit_code != 0]
@@ -215,9 +220,22 @@ def _controller_options(policy: str, training: str, node: NodeSetup) -> tuple[st
     return options
 
 
-def _make_node_group(group: str) -> Path:
-    """The run's node: a cpu group weighted above everything else on the machine, in which the
-    jobs start (the controller nests its job groups in it, as below a scheduler's cgroup)."""
+@contextmanager
+def running_in(cgroup: Path) -> Iterator[None]:
+    """The harness itself in ``cgroup`` (cpu hierarchy) while the block runs, then back where it
+    was: its status polls, which time the allocations, are then not starved by the jobs."""
+    before = cgroup_of(os.getpid(), "cpu") or "/"
+    move_into(cgroup)
+    try:
+        yield
+    finally:
+        move_into(CGROUP_ROOT / "cpu" / before.lstrip("/"))
+
+
+def _make_weighted_group(group: str) -> Path:
+    """A cpu group weighted above everything else on the machine: the run's node, in which the
+    jobs start (the controller nests its job groups in it, as below a scheduler's cgroup), and
+    the controller's own, beside it."""
     directory = CGROUP_ROOT / "cpu" / group
     try:
         directory.mkdir()
