@@ -8,6 +8,8 @@ Per run (all numbers GPU-emulated: a job's GPU step is a sleep):
 - ``makespan_s``: first arrival to the last job's exit;
 - ``mean_jct_s``: mean of (exit − arrival) over jobs;
 - ``controller_cpu_pct``: the controller's CPU time / run wall time, % of one core;
+- ``controller_wait_pct``: the time its control loop's thread waited for a CPU (run queue,
+  controller/cpu_wait.py) / run wall time, %: near 0 when its weight shields it from the jobs;
 - ``settle_s``: after each event (a job registers, a job's first report arrives, a job
   departs), how long until no job's allocation moved any more before the next event: its
   workers, its quota or its CPU weight (by more than 0.05 cores, a weight of 100 being
@@ -41,8 +43,8 @@ from bench.runner import RunOutcome
 class PlotUnavailable(AdloaderError):
     """matplotlib (the ``plot`` extra) is not installed."""
 
-METRICS = ("gpu_busy", "samples_per_s", "makespan_s", "mean_jct_s", "controller_cpu_pct", "settle_s",
-           "changes_per_job_minute")
+METRICS = ("gpu_busy", "samples_per_s", "makespan_s", "mean_jct_s", "controller_cpu_pct", "controller_wait_pct",
+           "settle_s", "changes_per_job_minute")
 HIGHER_IS_BETTER = {"gpu_busy": True, "samples_per_s": True, "makespan_s": False, "mean_jct_s": False}
 BASELINES = ("even", "static", "oracle", "oracle-phased")
 SETTLE_CORES = 0.05
@@ -88,6 +90,7 @@ def score_run(run: RunOutcome) -> dict[str, Any]:
         "makespan_s": makespan,
         "mean_jct_s": statistics.fmean(j["jct_s"] for j in jobs.values()),
         "controller_cpu_pct": 100.0 * run.controller_cpu_s / run.wall_s if run.wall_s > 0 else 0.0,
+        "controller_wait_pct": 100.0 * run.controller_wait_s / run.wall_s if run.wall_s > 0 else 0.0,
         "settle_s": max(settle) if settle else 0.0,
         "settle_events_s": settle,
         "phase_settle_s": max(phase_settle) if phase_settle else None,
@@ -235,13 +238,14 @@ def table(summary: dict[str, dict[str, Any]], order: Sequence[str]) -> str:
     baselines = [b for b in BASELINES if b in summary]
     width = max([9, *(len(policy) for policy in present)])
     header = (f"{'policy':<{width}} {'GPU busy':>8} {'samples/s':>9} {'makespan':>8} {'mean JCT':>8} "
-              f"{'ctl CPU':>7} {'settle':>6} {'chg/job-min':>11}" + "".join(f" {'busy/' + b:>12}" for b in baselines)
+              f"{'ctl CPU':>7} {'ctl wait':>8} {'settle':>6} {'chg/job-min':>11}" + "".join(f" {'busy/' + b:>12}" for b in baselines)
               + "".join(f" {'mkspan/' + b:>13}" for b in baselines))
     lines = [f"{LABEL} node benchmark (medians over repeats)", header, "-" * len(header)]
     for policy in present:
         e = summary[policy]
         row = (f"{policy:<{width}} {e['gpu_busy']:>8.3f} {e['samples_per_s']:>9.1f} {e['makespan_s']:>7.1f}s "
-               f"{e['mean_jct_s']:>7.1f}s {e['controller_cpu_pct']:>6.2f}% {e['settle_s']:>5.1f}s "
+               f"{e['mean_jct_s']:>7.1f}s {e['controller_cpu_pct']:>6.2f}% {e['controller_wait_pct']:>7.2f}% "
+               f"{e['settle_s']:>5.1f}s "
                f"{e.get('changes_per_job_minute', 0.0):>11.2f}")
         for b in baselines:
             value = rel.get(policy, {}).get(f"vs_{b}", {}).get("gpu_busy")

@@ -37,6 +37,7 @@ from bench.controller_process import (
 from bench.mix import JobSpec, Mix
 from bench.model_jobs import write_features
 from controller.backends.cgroupfs import write_interface
+from controller.cpu_wait import waited_s
 from controller.daemon import ControllerConfig
 from controller.policies.oracle import CURVES_VAR
 from controller.training_processes import MODES
@@ -84,6 +85,8 @@ class RunOutcome:
     wall_s: float
     samples: list[tuple[float, dict[str, dict]]] = field(default_factory=list)
     """(seconds since start, {job name: its status fields}) twice a second, jobs not yet gone."""
+    controller_wait_s: float = 0.0
+    """Seconds the controller's control loop (its main thread) waited for a CPU."""
 
 
 Progress = Callable[[str, float, list[JobOutcome], NodeSnapshot | None], None]
@@ -134,6 +137,7 @@ def run_policy(
             controller.start()
             ctl = psutil.Process(controller.proc.pid)
             cpu_before = _cpu_seconds(ctl)
+            wait_before = _wait_seconds(ctl.pid)
             start = time.monotonic()
             started_at = time.time()
             pending = sorted(mix.jobs, key=lambda j: j.arrival_s)
@@ -163,6 +167,7 @@ def run_policy(
                 time.sleep(POLL_S)
             wall = time.monotonic() - start
             cpu = _cpu_seconds(ctl) - cpu_before
+            waited = _wait_seconds(ctl.pid) - wait_before
     finally:
         cleanup.run()
     failed = [o for o in outcomes if o.exit_code != 0]
@@ -172,7 +177,7 @@ def run_policy(
     for outcome in outcomes:
         outcome.timeline = _read_timeline(run_dir / f"{outcome.spec.name}.timeline.json")
     return RunOutcome(policy=label, repeat=repeat, started_at=started_at, jobs=outcomes, controller_cpu_s=cpu,
-                      wall_s=wall, samples=status_samples)
+                      wall_s=wall, samples=status_samples, controller_wait_s=waited)
 
 
 def job_command(spec: JobSpec, dataset: Path, timeline: Path, features: Path | None = None) -> list[str]:
@@ -261,6 +266,11 @@ def _job_fields(job) -> dict:
             "achieved_sps": job.achieved_sps, "data_wait_ratio": job.data_wait_ratio,
             "worker_memory_bytes": job.worker_memory_bytes, "worker_prefetch_bytes": job.worker_prefetch_bytes,
             "worker_memory_exact": job.worker_memory_exact, "workers_memory_limit": job.workers_memory_limit}
+
+
+def _wait_seconds(pid: int) -> float:
+    """Seconds the process's main thread (the controller's control loop) waited for a CPU so far."""
+    return waited_s(Path("/proc") / str(pid) / "schedstat") or 0.0
 
 
 def _cpu_seconds(process: psutil.Process) -> float:

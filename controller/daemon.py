@@ -30,6 +30,7 @@ from controller.backends.base import BackendError, ResourceBackend
 from controller.backends.detect import detect_backend
 from adloader.cpuspec import format_cpus
 from controller.change_clock import ChangeClock, step_period
+from controller.cpu_wait import CpuWait
 from controller.loop import ControlLoop
 from controller.ownership import Holder, Ownership
 from controller.training_processes import TrainingProcesses
@@ -109,6 +110,7 @@ class Controller:
         self.store = StateStore(config.state_dir)
         self.ownership = Ownership(config.lock_dir, config.group, config.state_dir)
         self.training = TrainingProcesses(self.backend, proc=config.proc, mode=config.training_processes)
+        self.cpu_wait = CpuWait(proc=config.proc, clock=clock)
         self._memory_reads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="adloader-worker-memory")
         self.loop = ControlLoop(
             self.backend, self.node, make_policy(config.policy or default_policy()),
@@ -268,6 +270,7 @@ class Controller:
 
     def step(self) -> None:
         """Remove gone jobs, decide and apply, save when something changed, publish a snapshot."""
+        waited = self.cpu_wait.observe(self.next_period_s())
         events, self._events = self._events, set()
         if self._reap():
             events.add("departure")
@@ -278,6 +281,7 @@ class Controller:
         self._published = self.snapshot(outcome.pids)
         if self._metrics is not None:
             self._metrics.observe_loop(outcome.seconds)
+            self._metrics.observe_cpu_wait(waited)
 
     def _reap(self) -> bool:
         """Remove every job whose launcher connection closed (or that ended) and whose

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Literal
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -210,12 +210,22 @@ class MetricsExporter:
             buckets=LOOP_BUCKETS,
             registry=self.registry,
         )
+        self._cpu_wait = Counter(
+            "adloader_controller_cpu_wait_seconds",
+            "Seconds the control loop was ready to run but waited for a CPU (run queue; controller/cpu_wait.py): "
+            "growing by a large share of wall time, the controller is weighted far below its jobs and plans late.",
+            registry=self.registry,
+        )
         self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
 
     def observe_loop(self, seconds: float) -> None:
         """Record one control-loop iteration's duration."""
         self._loop_duration.observe(seconds)
+
+    def observe_cpu_wait(self, seconds: float) -> None:
+        """Count seconds the control loop waited for a CPU."""
+        self._cpu_wait.inc(seconds)
 
     def start(self, address: str, port: int) -> int:
         """Listen on ``address:port`` (port 0 picks a free one) and return the bound port.

@@ -238,6 +238,7 @@ def test_the_metrics_exporter_serves_the_jobs_numbers_when_asked_for(
     assert line in wait_until(lambda: line in scrape() and scrape(), 10, "the job's cores in /metrics")
     assert 'adloader_node_info{backend="cgroup-v1",policy="even"' in scrape()
     assert "adloader_control_loop_duration_seconds_count" in scrape()
+    assert "adloader_controller_cpu_wait_seconds_total" in scrape()
 
 
 def _crash_at(controller: ControllerProcess, point: str) -> None:

@@ -167,6 +167,13 @@ def test_control_loop_durations_land_in_the_histogram(scraper: Scraper) -> None:
     assert samples[("adloader_control_loop_duration_seconds_bucket", (("le", "+Inf"),))] == 4
 
 
+def test_the_controllers_cpu_wait_is_counted(scraper: Scraper) -> None:
+    assert scraper.samples()[("adloader_controller_cpu_wait_seconds_total", ())] == 0
+    for seconds in (0.25, 0.0, 1.5):
+        scraper.exporter.observe_cpu_wait(seconds)
+    assert scraper.samples()[("adloader_controller_cpu_wait_seconds_total", ())] == pytest.approx(1.75)
+
+
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (./install.sh --test installs it)")
 def test_promtool_finds_nothing_to_complain_about_in_a_scrape(scraper: Scraper) -> None:
     scraper.exporter.observe_loop(0.01)
