@@ -127,8 +127,8 @@ def run_policy(
         log_path=run_dir / "controller.log", environ=base_environment(**curves),
     )
     cleanup = Cleanup(graceful=True)
-    controller.node_cgroup = _make_weighted_group(f"{controller.group}-node")
-    controller.control_cgroup = _make_weighted_group(f"{controller.group}-ctl")
+    controller.node_cgroup = make_weighted_group(f"{controller.group}-node")
+    controller.control_cgroup = make_weighted_group(f"{controller.group}-ctl")
     cleanup.track(controller)
     launchers: dict[str, JobProcess] = {}
     outcomes: list[JobOutcome] = []
@@ -237,7 +237,7 @@ def running_in(cgroup: Path) -> Iterator[None]:
         move_into(CGROUP_ROOT / "cpu" / before.lstrip("/"))
 
 
-def _make_weighted_group(group: str) -> Path:
+def make_weighted_group(group: str) -> Path:
     """A cpu group weighted above everything else on the machine: the run's node, in which the
     jobs start (the controller nests its job groups in it, as below a scheduler's cgroup), and
     the controller's own, beside it."""

@@ -57,8 +57,6 @@ class CpuWait:
         self._last_wait: float | None = None
         self._last_at: float | None = None
         self._warned_at: float | None = None
-        self.total_s = 0.0
-        """Seconds waited since the first step, summed."""
 
     def observe(self, period_s: float) -> float:
         """Seconds the loop's thread waited for a CPU since the previous call (0.0 at the first
@@ -71,7 +69,6 @@ class CpuWait:
         if wait is None or previous is None or wait < previous:
             return 0.0
         waited = wait - previous
-        self.total_s += waited
         if waited > period_s and (self._warned_at is None or now - self._warned_at >= WARN_EVERY_S):
             self._warned_at = now
             log.warning(

@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.controller_process import CGROUP_ROOT, cgroup_of, remove_group
+from bench.runner import make_weighted_group, running_in
+
 REPO = Path(__file__).resolve().parents[1]
 CGROUP_V1 = os.geteuid() == 0 and os.access("/sys/fs/cgroup/cpu/cpu.shares", os.W_OK)
 
@@ -61,6 +64,22 @@ def test_bench_runs_each_policy_on_real_jobs_and_writes_json_and_plot(tmp_path: 
     groups = set(re.findall(r"/sys/fs/cgroup/cpu/(adloader-bench-[0-9a-f]{8}-node)/adloader-bench-", logs))
     assert len(groups) == 2
     assert not [g for g in groups if (Path("/sys/fs/cgroup/cpu") / g).exists()]
+    assert not [g for g in groups if (Path("/sys/fs/cgroup/cpu") / g.replace("-node", "-ctl")).exists()]
+    for policy in ("even", "adaptive"):
+        assert document["policies"][policy]["repeats"][0]["controller_wait_pct"] >= 0.0
+
+
+@pytest.mark.skipif(not CGROUP_V1, reason="needs root and a writable cgroup v1 cpu hierarchy")
+def test_the_harness_polls_from_the_controllers_weighted_group_and_comes_back() -> None:
+    before = cgroup_of(os.getpid(), "cpu")
+    group = make_weighted_group(f"adloader-test-{os.getpid()}-ctl")
+    try:
+        assert int((group / "cpu.shares").read_text()) > int((CGROUP_ROOT / "cpu" / "cpu.shares").read_text())
+        with running_in(group):
+            assert cgroup_of(os.getpid(), "cpu") == f"/{group.name}"
+        assert cgroup_of(os.getpid(), "cpu") == before
+    finally:
+        remove_group(group.name)
 
 
 @pytest.mark.slow
