@@ -209,10 +209,9 @@ class ControllerProcess:
             "--socket", str(self.socket), "--state-dir", str(self.state_dir),
             "--cgroup-group", self.group, "--period", str(self.period), *self.options,
         ]
-        cgroup = self.control_cgroup
         with self.log_path.open("a") as log:
             self.proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=self.environ,
-                                         start_new_session=True, preexec_fn=lambda: move_into(cgroup))
+                                         start_new_session=True, preexec_fn=lambda: move_into(self.control_cgroup))
         if ready:
             wait_until(self._answers, timeout, f"the controller on {self.socket} to answer; log:\n{self.log()}")
         return self

@@ -12,7 +12,8 @@ counter) and, when the time between two steps lost more than a whole control per
 at WARNING with what to do, at most every ``WARN_EVERY_S``.
 
 The wait is the second field of ``/proc/<tid>/schedstat`` (a thread's id names it in /proc as a
-process's does): nanoseconds the thread was runnable but not running. Every root (/proc, the thread id, the clock) is injectable.
+process's does): nanoseconds the thread was runnable but not running. Every root (/proc, the
+thread id, the clock) is injectable.
 """
 from __future__ import annotations
 
