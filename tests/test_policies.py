@@ -280,6 +280,27 @@ def test_adaptive_keeps_the_current_allocation_when_the_gain_is_small() -> None:
     assert planned(moved["a"]) > 2 * planned(first["a"])
 
 
+def test_a_measured_job_keeps_its_workers_while_newcomers_hold_placeholders() -> None:
+    """Random mix 16: a 2-GPU job needing 1.65 of 2 cores was cut to one worker a rank while two
+    newcomers that needed 0.3 cores were measured. Weights give newcomers their share; workers
+    would only keep the measured job off the cores the newcomers leave."""
+    node = NodeResources(cpus=(0, 1), read_bps=400e6, read_device="254:0")
+    policy = make_policy("adaptive")
+    alone = policy.allocate(node, [job("big", gpus=2, m=345.0, p=0.0048, ranks=2)])
+    held = alone["big"].workers
+    assert held is not None and held >= 2
+    newcomers = [JobView(job_id=n, name=n, gpus=g) for n, g in (("n1", 1), ("n2", 2))]
+    with_newcomers = policy.allocate(node, [job("big", gpus=2, m=345.0, p=0.0048, ranks=2, current=alone["big"]),
+                                            *newcomers])
+    assert with_newcomers["big"].workers == held
+    assert with_newcomers["big"].cpu_weight == with_newcomers["n1"].cpu_weight  # the placeholder's even weights
+    # measured, the newcomers need 0.4 cores together: the plan on the models keeps the big job's workers
+    measured = [job("big", gpus=2, m=345.0, p=0.0048, ranks=2, current=with_newcomers["big"]),
+                job("n1", m=130.0, p=0.0015, current=with_newcomers["n1"], newly_modelled=True),
+                job("n2", gpus=2, m=130.0, p=0.0015, current=with_newcomers["n2"], newly_modelled=True)]
+    assert policy.allocate(node, measured)["big"].workers == held
+
+
 def test_a_departure_frees_cores_at_once_and_an_arrival_is_planned_at_once() -> None:
     policy = make_policy("adaptive")
     jobs = [job(name, m=400.0, p=0.01) for name in "abc"]
