@@ -55,12 +55,13 @@ from dataclasses import replace
 from typing import Mapping, Sequence
 
 from controller.policies import lp
-from controller.policies.base import Allocation, JobAllocation, JobView, NodeResources, worker_limit
+from controller.policies.base import Allocation, JobAllocation, JobView, NodeResources, worker_limit, workers_for_cores
 from controller.policies.completion import weighted_completion_s
 from controller.policies.outgrown import followed, outgrowth
 from controller.policies.ranks import at_node_rate, ranks_behind, run_lengths, unknown_as_longest
 from controller.policies.worth import alike_curves, counted_batches, pool_equal_worth, young_curve
 from controller.policies.shares import (
+    BURST_HEADROOM,
     SATISFIED,
     JobModel,
     allocations,
@@ -169,7 +170,7 @@ class AdaptivePolicy:
                 if (m := models.get(job.job_id)) else f"{job.name}: not measured yet"
                 for job in jobs
             ))
-        target = _workers_kept_beside_newcomers(node, jobs, models, target)
+        target = _workers_kept_beside_newcomers(node, jobs, models, target, self.workers_per_core)
         target, cut = _without_idle_workers(node, jobs, target)
         self._log_cuts(cut, target)
         return target
@@ -423,27 +424,33 @@ def _with_planned_workers(jobs: Sequence[JobView], kept: Allocation, target: All
 
 
 def _workers_kept_beside_newcomers(node: NodeResources, jobs: Sequence[JobView], models: Mapping[str, JobModel],
-                                   target: Allocation) -> Allocation:
-    """``target``, except that while a job is not yet measured, no measured job gets fewer
-    workers than it holds. The newcomer's even share (C/n cores) is a placeholder, and CPU
-    weights already give it that share whenever it asks (they are work-conserving); workers
-    are not: cut to what the placeholder leaves, a job cannot use the cores the newcomer does
-    not. On seeded random mix 16 (2026-11-27) a 2-GPU job needing 1.65 of 2 cores was cut from
-    two workers a rank to one for the 6 s two newcomers took to be measured, though they needed
-    0.3 cores together: 0.52-0.75 busy against 0.93 under ``static``, and the mix lost to it
-    (0.974x). The first plan on every model sets the workers the models call for; memory
-    (base.worker_limit) still caps what is kept."""
+                                   target: Allocation, workers_per_core: float) -> Allocation:
+    """``target``, except that while a job is not yet measured, no measured job bound by its
+    cores gets fewer workers than it holds, up to those its model needs at full speed. The
+    newcomer's even share (C/n cores) is a placeholder, and CPU weights already give it that
+    share whenever it asks (they are work-conserving); workers are not: cut to what the
+    placeholder leaves, a job cannot use the cores the newcomer does not. On seeded random mix
+    16 (2026-11-27) a 2-GPU job needing 1.65 of 2 cores was cut from two workers a rank to one
+    for the 6 s two newcomers took to be measured, though they needed 0.3 cores together:
+    0.52-0.75 busy against 0.93 under ``static``, and the mix lost to it (0.974x). Kept beyond
+    the model's need, the workers only crowd the cores (SIMULATED: 0.5-1% off the 8-GPU rows).
+    A reader's workers follow the reads its throttle allows. The first plan on every model
+    sets the workers the models call for; memory (base.worker_limit) still caps them."""
     if all(job.job_id in models for job in jobs):
         return target
+    readers = workers_follow_reads(node, models)
     result = dict(target)
     for job in jobs:
         held, planned = job.current.workers, target[job.job_id].workers
-        if held is not None:
-            held = min(held, worker_limit(node, job))
-        if job.job_id in models and held is not None and planned is not None and planned < held:
-            result[job.job_id] = replace(target[job.job_id], workers=held)
-            log.debug("%s keeps its %d workers a rank beside a newcomer not yet measured (placeholder plan: %d)",
-                      job.name, held, planned)
+        if (model := models.get(job.job_id)) is None or job.job_id in readers or held is None or planned is None:
+            continue
+        needed = workers_for_cores(BURST_HEADROOM * min(node.cores, model.cores_to_saturate()) / max(1, job.ranks),
+                                   workers_per_core, limit=worker_limit(node, job))
+        kept = min(held, needed)
+        if kept > planned:
+            result[job.job_id] = replace(target[job.job_id], workers=kept)
+            log.debug("%s keeps %d workers a rank beside a newcomer not yet measured (placeholder plan: %d)",
+                      job.name, kept, planned)
     return result
 
 
