@@ -294,6 +294,10 @@ def test_a_measured_job_keeps_its_workers_while_newcomers_hold_placeholders() ->
                                             *newcomers])
     assert with_newcomers["big"].workers == held
     assert with_newcomers["big"].cpu_weight == with_newcomers["n1"].cpu_weight  # the placeholder's even weights
+    # kept only up to what its model needs at full speed: 1.5 workers a core it needs, a rank
+    crowded = dataclasses.replace(alone["big"], workers=6)
+    beside = policy.allocate(node, [job("big", gpus=2, m=345.0, p=0.0048, ranks=2, current=crowded), *newcomers])
+    assert beside["big"].workers == math.ceil(1.5 * 345.0 * 0.0048 / 2)
     # measured, the newcomers need 0.4 cores together: the plan on the models keeps the big job's workers
     measured = [job("big", gpus=2, m=345.0, p=0.0048, ranks=2, current=with_newcomers["big"]),
                 job("n1", m=130.0, p=0.0015, current=with_newcomers["n1"], newly_modelled=True),
