@@ -276,6 +276,10 @@ class AdaptivePolicy:
         small_gain = gain <= now * threshold + 1e-9
         evens = _evens_outgrown(node, jobs, models, current, target, equals, outgrown)
         if small_gain and not evens:
+            if _plan_anew(jobs):
+                log.debug("%s: keeps the current allocation at a first plan or departure: the plan gains %+.1f%% "
+                          "of predicted rate, under the %.0f%% bar", self.name, 100 * gain / max(now, 1e-12),
+                          100 * threshold)
             return True
         if self._too_soon(jobs, target, outgrown) and gain <= now * self.urgent_gain + 1e-9:
             return True
