@@ -55,13 +55,12 @@ from dataclasses import replace
 from typing import Mapping, Sequence
 
 from controller.policies import lp
-from controller.policies.base import Allocation, JobAllocation, JobView, NodeResources, worker_limit, workers_for_cores
+from controller.policies.base import Allocation, JobAllocation, JobView, NodeResources
 from controller.policies.completion import weighted_completion_s
 from controller.policies.outgrown import followed, outgrowth
 from controller.policies.ranks import at_node_rate, ranks_behind, run_lengths, unknown_as_longest
 from controller.policies.worth import alike_curves, counted_batches, pool_equal_worth, young_curve
 from controller.policies.shares import (
-    BURST_HEADROOM,
     SATISFIED,
     JobModel,
     allocations,
@@ -74,6 +73,7 @@ from controller.policies.shares import (
     predicted_objective,
     spread,
     workers_follow_reads,
+    workers_for_span,
     workers_saturated,
 )
 
@@ -439,7 +439,7 @@ def _workers_kept_beside_newcomers(node: NodeResources, jobs: Sequence[JobView],
     0.52-0.75 busy against 0.93 under ``static``, and the mix lost to it (0.974x). Kept beyond
     the model's need, the workers only crowd the cores (SIMULATED: 0.5-1% off the 8-GPU rows).
     A reader's workers follow the reads its throttle allows. The first plan on every model
-    sets the workers the models call for; memory (base.worker_limit) still caps them."""
+    sets the workers the models call for; memory still caps them (shares.workers_for_span)."""
     if all(job.job_id in models for job in jobs):
         return target
     readers = workers_follow_reads(node, models)
@@ -448,9 +448,7 @@ def _workers_kept_beside_newcomers(node: NodeResources, jobs: Sequence[JobView],
         held, planned = job.current.workers, target[job.job_id].workers
         if (model := models.get(job.job_id)) is None or job.job_id in readers or held is None or planned is None:
             continue
-        needed = workers_for_cores(BURST_HEADROOM * min(node.cores, model.cores_to_saturate()) / max(1, job.ranks),
-                                   workers_per_core, limit=worker_limit(node, job))
-        kept = min(held, needed)
+        kept = min(held, workers_for_span(node, job, model.cores_to_saturate(), workers_per_core))
         if kept > planned:
             result[job.job_id] = replace(target[job.job_id], workers=kept)
             log.debug("%s keeps %d workers a rank beside a newcomer not yet measured (placeholder plan: %d)",

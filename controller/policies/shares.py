@@ -236,7 +236,7 @@ def allocations(
             workers = reader_workers(job, need, limit)
         else:
             k = reader_workers_per_core if job.job_id in readers else workers_per_core
-            workers = workers_for_cores(BURST_HEADROOM * min(span, node.cores) / max(1, job.ranks), k, limit=limit)
+            workers = workers_for_span(node, job, span, k)
         result[job.job_id] = JobAllocation(
             cpu_weight=max(1, min(10_000, round(weight))) if by_weight else None,
             cores=None if by_weight else min(node.cores, span),
@@ -245,6 +245,13 @@ def allocations(
             workers=workers,
         )
     return result
+
+
+def workers_for_span(node: NodeResources, job: JobView, cores: float, workers_per_core: float) -> int:
+    """Workers a rank for a job that may occupy ``cores`` of the node: BURST_HEADROOM a core,
+    ``workers_per_core`` each, within what its memory holds (base.worker_limit)."""
+    return workers_for_cores(BURST_HEADROOM * min(cores, node.cores) / max(1, job.ranks), workers_per_core,
+                             limit=worker_limit(node, job))
 
 
 def workers_follow_reads(node: NodeResources, models: Mapping[str, JobModel]) -> dict[str, float]:
