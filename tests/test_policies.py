@@ -358,6 +358,14 @@ def test_adaptive_serves_first_the_job_clearly_shortest_per_gpu() -> None:
     assert weights([job("one-gpu", gpus=1, m=400.0, p=0.01, length_samples=4_000.0),
                     job("four-gpus", gpus=4, m=400.0, p=0.04, length_samples=8_000.0, curve_windows=3)]) == {
         "one-gpu": 0.5, "four-gpus": 4.0}
+    # ... unless it was given the curve of a mature job of its shape: the two are stretched
+    # alike, and the newcomer is ranked from its first plan as it will be once its curve matures
+    # (left at full speed, the young job ranked ahead of its mature copy, then behind it)
+    mature = job("mature", gpus=4, m=400.0, p=0.04, length_samples=8_000.0, curve_windows=20)
+    assert weights([mature, job("young", gpus=4, m=400.0, p=0.04, length_samples=16_000.0, curve_windows=3,
+                                curve_batches=10.0)]) == {"mature": 4.0, "young": 2.0}
+    assert weights([mature, job("young", gpus=4, m=400.0, p=0.04, length_samples=16_000.0, curve_windows=8,
+                                curve_batches=30.0)]) == {"mature": 4.0, "young": 2.0}
     # one step of priority, not one per rank: a chain of them lost 7% in the simulator at 128 cores
     assert weights([job(f"l{n}", m=400.0, p=0.01, length_samples=n) for n in (1_000, 2_000, 4_000)]) == {
         "l1000": 1.0, "l2000": 0.5, "l4000": 0.5}

@@ -140,9 +140,9 @@ class AdaptivePolicy:
         measured curves are noisy: jobs are pooled by their worth up to that noise, and the
         exact factor then orders them."""
         gpus = {job.job_id: float(max(1, job.gpus)) for job in jobs if job.job_id in models}
-        curves, _ = alike_curves({job_id: models[job_id] for job_id in gpus}, gpus, counted_batches(jobs),
-                                 widest=FINISH_FACTOR)
-        lengths = at_node_rate(node, jobs, curves, run_lengths(jobs, models))
+        curves, alike = alike_curves({job_id: models[job_id] for job_id in gpus}, gpus, counted_batches(jobs),
+                                     widest=FINISH_FACTOR)
+        lengths = at_node_rate(node, jobs, curves, run_lengths(jobs, models), alike)
         if not lengths:
             return gpus, dict.fromkeys(gpus, 1.0)
         per_gpu = {job_id: length / gpus[job_id] for job_id, length in unknown_as_longest(lengths, gpus).items()}

@@ -51,7 +51,7 @@ def run_lengths(jobs: Sequence[JobView], models: Mapping[str, JobModel]) -> dict
 
 
 def at_node_rate(node: NodeResources, jobs: Sequence[JobView], models: Mapping[str, JobModel],
-                 lengths: Mapping[str, float]) -> dict[str, float]:
+                 lengths: Mapping[str, float], alike: Sequence[Sequence[str]] = ()) -> dict[str, float]:
     """``lengths`` (seconds at full speed) stretched to the rate the whole node can give each
     job, min(M, T_load(C), B/b): the time it needs with every core to itself, the processing
     time Smith's rule orders by. At full speed, a job a phase made CPU-bound (a sample 4x
@@ -59,12 +59,20 @@ def at_node_rate(node: NodeResources, jobs: Sequence[JobView], models: Mapping[s
     the weights of the jobs beside it, and starved a 1-GPU job static would have finished in
     82 s (simulated 2-core phase mixes: 0.83-0.86x static on three of 240, 12 below 0.98x;
     7 below with this; 2 with the completion check as well, against 5 with the check alone).
-    Only a mature curve stretches a length: a young one's noise moved a job that needs about
-    the node's cores across ranks, and a 3-job mix never got its first plan (0.98 -> 0.83x the
-    oracle)."""
+    Only a curve the node can trust stretches a length: a mature one, or a young one made the
+    same as a mature job's (``alike``, groups of jobs of one shape given one curve,
+    worth.alike_curves). A young one's own noise moved a job that needs about the node's cores
+    across ranks, and a 3-job mix never got its first plan (0.98 -> 0.83x the oracle). But left
+    at full speed beside a mature copy of itself stretched, a newcomer ranked with it, and
+    behind it one step after its curve matured: on seeded random mix 10 a 4-GPU newcomer's
+    first plan kept it level with the 4-GPU job beside it, and 1.5 s later it was halved and
+    cut to CPU weight 10 (2026-11-27: settled 5.9 s after its first report). Given one curve,
+    the two are stretched alike, so their order is the one at full speed either way."""
+    trusted = {job.job_id for job in jobs if not young_curve(job)}
+    trusted |= {job_id for group in alike if trusted & set(group) for job_id in group}
     stretched = dict(lengths)
     for job in jobs:
-        if job.job_id in stretched and not young_curve(job):
+        if job.job_id in stretched and job.job_id in trusted:
             stretched[job.job_id] /= max(node_busy_bound(node, job, models[job.job_id]), MIN_NODE_BUSY)
     return stretched
 
