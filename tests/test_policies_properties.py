@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 
 from controller.policies import JobAllocation, JobView, NodeResources, make_policy
 from controller.policies.oracle import OraclePolicy
-from controller.policies.shares import JobModel, contended_cores, may_read, model_of
+from controller.policies.shares import (
+    CONTENDED_SHARE, JobModel, contended_cores, may_read, model_of, read_demand,
+)
 
 POLICIES = ["even", "adaptive", "jct", "oracle"]
 
@@ -90,8 +92,9 @@ def check_allocation_invariants(
     if node.read_bps is not None and set(reads) != {None}:  # None for all: no two jobs contend for reads
         assert all(r is not None and r >= 1 for r in reads)
         assert sum(reads) <= node.read_bps + len(jobs)  # ints: at most one byte/s of rounding each
-    elif node.read_bps is not None:
-        assert sum(1 for j in jobs if may_read(j, model_for(j))) <= 1
+    elif node.read_bps is not None:  # at most one reader, or readers the device serves in full
+        readers = [j for j in jobs if may_read(j, model_for(j))]
+        assert len(readers) <= 1 or sum(read_demand(j, model_for(j)) for j in readers) < CONTENDED_SHARE * node.read_bps
     else:
         assert all(r is None for r in reads)
 

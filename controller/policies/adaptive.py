@@ -163,13 +163,7 @@ class AdaptivePolicy:
             return self._kept(node, jobs, target, outgrown)
         self._held_back = ()
         if log.isEnabledFor(logging.DEBUG):
-            log.debug("%s: models behind the new allocation: %s", self.name, "; ".join(
-                f"{job.name} w={weights[job.job_id]:.3g} M={m.max_throughput:.0f}/s "
-                f"needs {m.cores_to_saturate():.2f} cores, weight {target[job.job_id].cpu_weight} "
-                f"workers {target[job.job_id].workers}"
-                if (m := models.get(job.job_id)) else f"{job.name}: not measured yet"
-                for job in jobs
-            ))
+            log.debug("%s: models behind the new allocation: %s", self.name, _planned(jobs, models, weights, target))
         target = _workers_kept_beside_newcomers(node, jobs, models, target, self.workers_per_core)
         target, cut = _without_idle_workers(node, jobs, target)
         self._log_cuts(cut, target)
@@ -278,8 +272,8 @@ class AdaptivePolicy:
         if small_gain and not evens:
             if _plan_anew(jobs):
                 log.debug("%s: keeps the current allocation at a first plan or departure: the plan gains %+.1f%% "
-                          "of predicted rate, under the %.0f%% bar", self.name, 100 * gain / max(now, 1e-12),
-                          100 * threshold)
+                          "of predicted rate, under the %.0f%% bar; the plan: %s", self.name,
+                          100 * gain / max(now, 1e-12), 100 * threshold, _planned(jobs, models, weights, target))
             return True
         if self._too_soon(jobs, target, outgrown) and gain <= now * self.urgent_gain + 1e-9:
             return True
@@ -363,6 +357,19 @@ class AdaptivePolicy:
             for job in jobs
             if _limits(job.current) != _limits(target[job.job_id])
         )
+
+
+def _planned(jobs: Sequence[JobView], models: Mapping[str, JobModel], weights: Mapping[str, float],
+             target: Allocation) -> str:
+    """Each job's model and what ``target`` gives it, for the DEBUG log: what a plan rested on,
+    so that a trace can tell a changed rank from a changed curve."""
+    return "; ".join(
+        f"{job.name} w={weights[job.job_id]:.3g} M={m.max_throughput:.0f}/s "
+        f"needs {m.cores_to_saturate():.2f} cores ({job.curve_windows} windows), "
+        f"weight {target[job.job_id].cpu_weight} workers {target[job.job_id].workers}"
+        if (m := models.get(job.job_id)) else f"{job.name}: not measured yet"
+        for job in jobs
+    )
 
 
 def _times(worth: Mapping[str, float], order: Mapping[str, float]) -> dict[str, float]:
