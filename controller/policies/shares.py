@@ -224,12 +224,9 @@ def may_read(job: JobView, model: JobModel | None) -> bool:
     newcomer's first report (seeded random mixes 5, 6 and 8 lost 3-19% of GPU busy to
     ``static``, all of it on the reader); a newcomer that does read is throttled from its
     first report on, and until then the disk is shared as it is without a controller."""
-    if model is not None:
-        return model.is_reader
-    if job.bytes_per_sample is None:
+    if model is None and job.bytes_per_sample is None:
         return False
-    rate = job.max_throughput or job.achieved
-    return rate is None or job.bytes_per_sample * rate >= READER_BYTES_PER_S
+    return read_demand(job, model) >= READER_BYTES_PER_S
 
 
 def allocations(
