@@ -563,3 +563,34 @@ def test_step_timer_splits_wait_from_compute() -> None:
     now[0] += 100
     timer.enter()
     assert (counters.data_wait_s, counters.compute_s) == (0.75, 3.0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: the CUDA-event step timer times GPU work")
+def test_with_cuda_the_wait_is_the_gpus_idle_time_not_the_cpus() -> None:
+    """On a GPU, the training loop queues its kernels and returns at once, so the wall clock
+    would call the whole loading time a wait. Each step here queues about 40 ms of GPU work
+    (timed by events of its own) and loads a batch in 60 ms: the GPU idles about 20 ms a step."""
+    torch.cuda.init()
+    torch.cuda._sleep(200_000_000)  # clocks up before the work is sized
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(20_000_000)
+    end.record()
+    torch.cuda.synchronize()
+    cycles_per_ms = 20_000_000 / start.elapsed_time(end)
+    steps, load_s = 12, 0.06
+    kernels = []
+    loader = DataLoader(Indices(steps, delay=load_s), batch_size=1, num_workers=0)
+    for _ in loader:
+        kernel = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        kernel[0].record()
+        torch.cuda._sleep(int(40.0 * cycles_per_ms))
+        kernel[1].record()
+        kernels.append(kernel)
+    torch.cuda.synchronize()
+    list(zip(range(1), loader))  # the next epoch's first step harvests the last step's events
+    gpu_ms = sum(a.elapsed_time(b) for a, b in kernels) / steps
+    wait_ms, compute_ms = 1000 * loader.counters.data_wait_s / steps, 1000 * loader.counters.compute_s / steps
+    detail = f"GPU work {gpu_ms:.1f} ms, counted compute {compute_ms:.1f} ms and wait {wait_ms:.1f} ms a step"
+    assert 0.8 * gpu_ms < compute_ms < 1.2 * gpu_ms + 2.0, detail
+    assert wait_ms < 1000 * load_s - 0.5 * gpu_ms, f"the CUDA timer counted CPU loading as GPU idle: {detail}"
