@@ -504,7 +504,7 @@ def _readers_sized_by_plan(node: NodeResources, jobs: Sequence[JobView], models:
     price a reader's workers, so that gain cannot weigh them, and the plan, made, would have
     set them. Left to the idle-reader rule (:func:`_without_idle_workers`), which waits for the
     reader to keep up over a whole window, the cut came later, as a change of its own: on
-    seeded random mix 17 a 4-GPU reader delivering 0.87-0.95 of its M was cut from 2 workers a
+    seeded random mix 17 a 4-GPU reader delivering 0.86-0.95 of its M was cut from 2 workers a
     rank to the plan's 1 two seconds after its held first plan, 5.06 s after its first report.
     Also returns the readers it cut."""
     readers = workers_follow_reads(node, models)
