@@ -52,7 +52,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import replace
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from controller.policies import lp
 from controller.policies.base import Allocation, JobAllocation, JobView, NodeResources
@@ -95,6 +95,11 @@ has just outgrown its model into, are evened out whatever the gain (``_evens_out
 STARVED = 0.5
 """A plan that cuts a job's predicted busy fraction below this fraction of what the current
 allocation gives it is checked on completion times before it is made (the module docstring)."""
+
+
+KEEPS_UP = "it keeps up with its GPUs"
+SIZED_BY_HELD_PLAN = "as its reads need; the plan itself is held: it gains nothing"
+"""Why a reader's workers were cut, as logged: the idle-reader rule, or a held plan's sizing."""
 
 
 class AdaptivePolicy:
@@ -166,7 +171,7 @@ class AdaptivePolicy:
             log.debug("%s: models behind the new allocation: %s", self.name, _planned(jobs, models, weights, target))
         target = _workers_kept_beside_newcomers(node, jobs, models, target, self.workers_per_core)
         target, cut = _without_idle_workers(node, jobs, target)
-        self._log_cuts(cut, target)
+        self._log_cuts(cut, target, KEEPS_UP)
         return target
 
     def _target(
@@ -236,25 +241,17 @@ class AdaptivePolicy:
                      "on the node: %d workers (its plan on its dearer model: %d)", self.name, job.name,
                      (job.loads_in_flight or 0.0) / max(1, job.ranks), job.current.workers, idle_cores,
                      shed[job.job_id].workers, target[job.job_id].workers)
-        self._log_cuts(cut, shed)
-        self._log_sized(sized, shed)
+        self._log_cuts(cut, shed, KEEPS_UP)
+        self._log_cuts(sized, shed, SIZED_BY_HELD_PLAN)
         return shed
 
-    def _log_cuts(self, cut: Sequence[JobView], allocation: Allocation) -> None:
-        """Log once, at INFO, each reader whose workers ``allocation`` cuts below what it holds."""
+    def _log_cuts(self, cut: Sequence[JobView], allocation: Allocation, why: str) -> None:
+        """Log once, at INFO, each reader whose workers ``allocation`` cuts below what it holds, and ``why``."""
         for job in cut:
             workers = allocation[job.job_id].workers
             if job.current.workers is not None and workers is not None and workers < job.current.workers:
-                log.info("%s: %s keeps up loading %.2f batches at once a rank: %d workers, not %d", self.name,
-                         job.name, (job.loads_in_flight or 0.0) / max(1, job.ranks), workers, job.current.workers)
-
-    def _log_sized(self, sized: Sequence[JobView], allocation: Allocation) -> None:
-        """Log at INFO each reader a held plan still sizes by its reads (:func:`_readers_sized_by_plan`)."""
-        for job in sized:
-            log.info("%s: %s loads %.2f batches at once a rank: %d workers, not %d, as its reads need (the plan "
-                     "itself is held: it gains nothing)", self.name, job.name,
-                     (job.loads_in_flight or 0.0) / max(1, job.ranks), allocation[job.job_id].workers,
-                     job.current.workers)
+                log.info("%s: %s loads %.2f batches at once a rank: %d workers, not %d (%s)", self.name, job.name,
+                         (job.loads_in_flight or 0.0) / max(1, job.ranks), workers, job.current.workers, why)
 
     def _keep_current(
         self,
@@ -485,15 +482,7 @@ def _without_idle_workers(node: NodeResources, jobs: Sequence[JobView], allocati
     (that reader's first plan came 4.5-7.5 s after its first report, a settle past the 5 s
     goal), only the job's measured M and timed loading. Also returns the jobs it cut."""
     bandwidth = managed_bandwidth(node)
-    result = dict(allocation)
-    cut: list[JobView] = []
-    for job in jobs:
-        given = allocation[job.job_id]
-        needed = idle_reader_workers(job, bandwidth)
-        if needed is not None and given.workers is not None and needed < given.workers:
-            result[job.job_id] = replace(given, workers=needed)
-            cut.append(job)
-    return result, tuple(cut)
+    return _with_fewer_workers(jobs, allocation, lambda job: idle_reader_workers(job, bandwidth))
 
 
 def _readers_sized_by_plan(node: NodeResources, jobs: Sequence[JobView], models: Mapping[str, JobModel],
@@ -508,14 +497,22 @@ def _readers_sized_by_plan(node: NodeResources, jobs: Sequence[JobView], models:
     rank to the plan's 1 two seconds after its held first plan, 5.06 s after its first report.
     Also returns the readers it cut."""
     readers = workers_follow_reads(node, models)
+    return _with_fewer_workers(jobs, allocation,
+                               lambda job: target[job.job_id].workers if job.job_id in readers else None)
+
+
+def _with_fewer_workers(jobs: Sequence[JobView], allocation: Allocation,
+                        workers_of: Callable[[JobView], int | None]) -> tuple[Allocation, tuple[JobView, ...]]:
+    """``allocation`` with each job given ``workers_of(job)`` workers where that is fewer than
+    ``allocation`` gives it (None: no count for it), and the jobs so cut."""
     result = dict(allocation)
-    sized: list[JobView] = []
+    cut: list[JobView] = []
     for job in jobs:
-        given, planned = allocation[job.job_id].workers, target[job.job_id].workers
-        if job.job_id in readers and given is not None and planned is not None and planned < given:
-            result[job.job_id] = replace(allocation[job.job_id], workers=planned)
-            sized.append(job)
-    return result, tuple(sized)
+        given, fewer = allocation[job.job_id].workers, workers_of(job)
+        if given is not None and fewer is not None and fewer < given:
+            result[job.job_id] = replace(allocation[job.job_id], workers=fewer)
+            cut.append(job)
+    return result, tuple(cut)
 
 
 def _plan_anew(jobs: Sequence[JobView]) -> bool:
