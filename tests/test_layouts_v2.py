@@ -197,3 +197,49 @@ def test_a_controller_in_a_private_cgroup_namespace_places_jobs_at_their_real_pa
     backend = _backend(root)
     assert backend.create("job-a", near_pid=LAUNCHER) == str(parent / GROUP / "job-a")
     assert backend.placement("job-a").scheduler == "kubernetes"
+
+
+def test_a_second_launcher_from_the_same_cgroup_nests_its_job_beside_the_first(root: Path) -> None:
+    """Seen on a real cgroup v2 node: the first job's placement moved the other launchers of the
+    same shell into the leaf, and each next job went one leaf deeper, under another parent."""
+    parent = _layout(root, LAYOUTS["systemd-service"][1], "job-a", launcher=10)
+    make_group(parent / GROUP / "job-b")
+    proc = root.parent / "proc" / "11"
+    proc.mkdir()
+    (proc / "cgroup").write_text(f"0::/{parent.relative_to(root)}/{GROUP}.leaf\n")  # where job-a's placement moved it
+    backend = _backend(root)
+    backend.create("job-a", near_pid=10)
+    assert backend.create("job-b", near_pid=11) == str(parent / GROUP / "job-b")
+    assert all("cpu_weight" in backend.placement(job).capabilities for job in ("job-a", "job-b"))
+
+
+def test_a_cgroup_given_no_cpu_and_owned_by_no_scheduler_sends_the_job_to_the_root(
+        root: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An agent's cgroup whose parent enables no cpu for it (the lent GPU machine's /process_api/<id>):
+    nested there, no limit could act on the job; at the root every one does."""
+    make_group(root / "agent", "cpuset cpu io memory pids")  # given cpu, but enables only memory and pids
+    parent = make_group(root / "agent" / "session", "memory pids", cgroup__procs=f"{LAUNCHER}\n{RESIDENT}\n")
+    make_group(root / GROUP / "job-a")
+    proc = root.parent / "proc" / str(LAUNCHER)
+    proc.mkdir(parents=True)
+    (proc / "cgroup").write_text("0::/agent/session\n")
+    backend = _backend(root)
+    with caplog.at_level("INFO", logger="controller.backends.cgroup_v2"):
+        assert backend.create("job-a", near_pid=LAUNCHER) == str(root / GROUP / "job-a")
+    assert f"given no cpu, cpuset, io (not enabled for its children by {root / 'agent'})" in caplog.text
+    assert not (parent / f"{GROUP}.leaf").exists() and read_pid_list(parent / "cgroup.procs") == {LAUNCHER, RESIDENT}
+    assert backend.placement("job-a").capabilities >= {"cpu_quota", "cpu_weight", "cpuset", "read_bps"}
+
+
+def test_under_a_scheduler_a_withheld_controller_is_named_and_nothing_moves_for_it(
+        root: Path, caplog: pytest.LogCaptureFixture) -> None:
+    make_group(root / "system.slice", "cpuset cpu io memory pids")
+    parent = _layout(root, "system.slice/train-x.service", "job-a", controllers="memory pids")
+    (parent / f"{GROUP}.leaf").rename(root.parent / "unused-leaf")
+    backend = _backend(root)
+    with caplog.at_level("WARNING", logger="controller.backends.cgroup_v2"):
+        assert backend.create("job-a", near_pid=LAUNCHER) == str(parent / GROUP / "job-a")
+    assert f"is given no cpu, cpuset, io (not enabled for its children by {root / 'system.slice'})" in caplog.text
+    assert "Delegate=yes" in caplog.text
+    assert not (parent / f"{GROUP}.leaf").exists(), "no process moves where no controller can be enabled"
+    assert backend.placement("job-a").capabilities == {"groups", "cpu_accounting"}

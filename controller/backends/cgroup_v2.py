@@ -12,6 +12,7 @@ Only the controllers the root offers (cgroup.controllers) become capabilities.
 """
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Callable
@@ -45,6 +46,8 @@ from controller.backends.placement import (
 from adloader.cpuspec import format_cpus
 
 _CAPABILITY_OF_CONTROLLER = {"cpu": "cpu_quota", "cpuset": "cpuset", "io": "read_bps"}
+
+log = logging.getLogger(__name__)
 
 
 class CgroupV2Backend:
@@ -103,17 +106,49 @@ class CgroupV2Backend:
     def _enable_subtree(self, directory: Path) -> None:
         """Write "+cpu +cpuset +io" (those ``directory`` offers and has not enabled yet) to its
         cgroup.subtree_control."""
-        control = directory / "cgroup.subtree_control"
-        offered = _controllers(directory / "cgroup.controllers")
-        enabled = _controllers(control)
-        missing = [c for c in self._controllers if c in offered and c not in enabled]
+        missing = self._to_enable(directory)
         if missing:
-            write_interface(control, " ".join(f"+{c}" for c in missing), "enabling controllers for the subtree")
+            write_interface(directory / "cgroup.subtree_control", " ".join(f"+{c}" for c in missing),
+                            "enabling controllers for the subtree")
+
+    def _to_enable(self, directory: Path) -> list[str]:
+        """Our controllers ``directory`` offers and has not enabled for its children yet."""
+        offered = _controllers(directory / "cgroup.controllers")
+        enabled = _controllers(directory / "cgroup.subtree_control")
+        return [c for c in self._controllers if c in offered and c not in enabled]
+
+    def _parent_for(self, job_id: str, launcher_parent: Path, scheduler: str) -> Path:
+        """Where the job's group nests: the launcher's cgroup, unless that cgroup is given none of
+        some controller the root offers (an ancestor does not enable it for its children), so no
+        limit of that kind could act on the job there. Where no scheduler owns that cgroup (an
+        agent's or a runtime's group; seen on a real cgroup v2 node, the lent GPU machine, where
+        every job went unlimited), the job goes to the root, as on a bare node, and that is logged;
+        under a scheduler it stays, as the scheduler's limits must keep bounding it, and a warning
+        says which cgroup withholds what and how to delegate it."""
+        if launcher_parent == self.root:
+            return launcher_parent
+        lacking = [c for c in self._controllers if c not in _offered(launcher_parent)]
+        if not lacking:
+            return launcher_parent
+        by_withholder: dict[Path, list[str]] = {}
+        for controller in lacking:
+            by_withholder.setdefault(_withholder(self.root, launcher_parent, controller), []).append(controller)
+        withheld = "; ".join(f"{', '.join(controllers)} (not enabled for its children by {withholder})"
+                             for withholder, controllers in by_withholder.items())
+        if scheduler == "none":
+            log.info("job %s: its cgroup %s is given no %s, and no scheduler owns it: its group goes to %s, where "
+                     "they act", job_id, launcher_parent, withheld, self.root / self.group)
+            return self.root
+        log.warning("job %s: its %s cgroup %s is given no %s: those limits cannot act on it. Delegate them: "
+                    "echo +CONTROLLER into each cgroup.subtree_control from the one named down to it (a systemd "
+                    "unit: Delegate=yes)", job_id, scheduler, launcher_parent, withheld)
+        return launcher_parent
 
     def _delegate(self, parent: Path) -> None:
         """Let ``parent`` (the scheduler's cgroup the job was started in) give controllers to
-        our group: a non-root cgroup holding processes cannot, so they move to a leaf first."""
-        if parent != self.root:
+        our group: a non-root cgroup holding processes cannot, so they move to a leaf first
+        (only where there is a controller to enable: no process is moved for nothing)."""
+        if parent != self.root and self._to_enable(parent):
             residents = read_pid_list(parent / "cgroup.procs")
             if residents:
                 leaf = self._leaf(parent)
@@ -147,8 +182,8 @@ class CgroupV2Backend:
         if job_id in self._found:
             job_dir = self._found.pop(job_id)
         else:
-            parent_path = parent_below(current.get(UNIFIED, "/"), self.group)
-            job_dir = self.root / parent_path.lstrip("/") / self.group / job_id
+            nest_in = self.root / parent_below(current.get(UNIFIED, "/"), self.group).lstrip("/")
+            job_dir = self._parent_for(job_id, nest_in, detect_scheduler(current.values())) / self.group / job_id
         group_dir, parent = job_dir.parent, job_dir.parent.parent
         with kernel_call(job_dir, "creating the job's group"):
             group_dir.mkdir(exist_ok=True)
@@ -297,6 +332,24 @@ def _set_on(parent: Path) -> tuple[set[str], tuple[int, ...] | None]:
     except BackendError:
         offered = set()
     return offered, read_cpus(parent / "cpuset.cpus.effective")
+
+
+def _offered(directory: Path) -> set[str]:
+    """The controllers ``directory`` is given by its parent (none where that cannot be read)."""
+    try:
+        return _controllers(directory / "cgroup.controllers")
+    except BackendError:
+        return set()
+
+
+def _withholder(root: Path, directory: Path, controller: str) -> Path:
+    """The nearest ancestor of ``directory`` that is given ``controller`` (so could enable it for
+    its children) where ``directory`` is not: the first cgroup.subtree_control to delegate it in."""
+    while directory != root and directory.parent != directory:
+        directory = directory.parent
+        if directory == root or controller in _offered(directory):
+            return directory
+    return root
 
 
 def _controllers(path: Path) -> set[str]:

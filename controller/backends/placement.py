@@ -108,10 +108,16 @@ def parent_below(path: str, group: str) -> str:
     """The cgroup to nest a new job group under, for a process now at ``path``.
 
     A process already inside one of our job groups (``.../<group>/<job>``, e.g. a job
-    re-registering after a controller restart) is placed beside it, not inside it."""
+    re-registering after a controller restart) is placed beside it, not inside it; so is a
+    process in the leaf ``.../<group>.leaf`` where cgroup v2 placement moved the processes
+    of the cgroup it nests in (a second launcher started from the same shell or container):
+    on a real cgroup v2 node each such launcher's job went one leaf deeper than the last,
+    under another parent, so no CPU weight could act between them."""
     parts = [p for p in path.split("/") if p]
     if len(parts) >= 2 and parts[-2] == group:
         parts = parts[:-2]
+    while parts and parts[-1] == f"{group}.leaf":
+        parts.pop()
     return "/" + "/".join(parts)
 
 
