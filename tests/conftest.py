@@ -105,7 +105,8 @@ TIERS: dict[str, tuple[str, ...]] = {
     ),
     "in_process": ("test_backend_v2", "test_layouts_v2", "test_metrics", "test_controller_in_process"),
     "real_cgroups": (
-        "test_backends_v1", "test_loop", "test_reconciler", "test_cpu_weight", "test_layouts_v1", "test_backend_detect",
+        "test_backends_v1", "test_backend_v2_kernel", "test_loop", "test_reconciler", "test_cpu_weight", "test_layouts_v1",
+        "test_backend_detect",
         "test_state", "test_worker_memory", "test_backend_affinity", "test_trainer_stall",
     ),
     "end_to_end": (

@@ -235,9 +235,16 @@ class CgroupV2Backend:
 
     def set_cpuset(self, job_id: str, cpus: tuple[int, ...] | None) -> None:
         self._require("cpuset", "cpuset")
-        # An empty cpuset.cpus means "the parent's CPUs" in v2 (a bare newline: a zero-length write is a no-op).
-        text = "\n" if cpus is None else format_cpus(cpus)
-        write_interface(self._job_dir(job_id) / "cpuset.cpus", text, "setting the job's CPUs")
+        job_dir = self._job_dir(job_id)
+        if cpus is None:
+            # Lifted: every CPU the job's parent group has. An empty cpuset.cpus would mean the same,
+            # but a kernel refuses it for a group holding processes (ENOSPC on Linux 6.18, the lent GPU
+            # machine, 2026-11-27), which is when a stopping controller lifts it.
+            text = read_interface(job_dir.parent / "cpuset.cpus.effective", "reading the CPUs the job's group has")
+            text = text.strip() or "\n"
+        else:
+            text = format_cpus(cpus)
+        write_interface(job_dir / "cpuset.cpus", text, "setting the job's CPUs")
 
     def set_read_bps(self, job_id: str, device: str, bps: int | None) -> None:
         self._require("read_bps", "io")
