@@ -110,7 +110,7 @@ TIERS: dict[str, tuple[str, ...]] = {
         "test_state", "test_worker_memory", "test_backend_affinity", "test_trainer_stall",
     ),
     "end_to_end": (
-        "test_controller_e2e", "test_controller_lifecycle", "test_server", "test_launcher", "test_status", "test_authz",
+        "test_controller_e2e", "test_controller_lifecycle", "test_cpu_wait", "test_server", "test_launcher", "test_status", "test_authz",
         "test_faults", "test_fuzz_socket", "test_load", "test_node_memory", "test_reporter", "test_torchrun",
         "test_bench_e2e", "test_prometheus", "test_deploy", "test_dataloader", "test_dataloader_properties",
         "test_dataloader_torch_parity", "test_dataloader_frameworks", "test_dataloader_state", "test_socket_discovery", "test_slurm", "test_install", "test_packaging",

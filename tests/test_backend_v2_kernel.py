@@ -19,7 +19,7 @@ import pytest
 from controller.backends.base import BackendError
 from controller.backends.blockdev import read_device_of
 from controller.backends.cgroup_v2 import CgroupV2Backend
-from fixtures.processes import BUSY, SLEEP, Children, children  # noqa: F401
+from fixtures.processes import BUSY, SLEEP, Children, children, direct_read_seconds  # noqa: F401
 
 MOUNT = Path("/sys/fs/cgroup")
 NEEDED = {"cpu", "cpuset", "io"}
@@ -99,18 +99,5 @@ def test_io_max_slows_direct_reads_from_the_disk(backend: CgroupV2Backend, child
     data.write_bytes(os.urandom(4 << 20))
     backend.create("job-a")
     backend.set_read_bps("job-a", disk, 2_000_000)
-    reader = children.start(
-        "import mmap, os, sys, time\n"
-        "sys.stdin.readline()\n"
-        f"fd = os.open({str(data)!r}, os.O_RDONLY | os.O_DIRECT)\n"
-        "buf = mmap.mmap(-1, 1 << 20)\n"
-        "start = time.monotonic()\n"
-        "while os.readv(fd, [buf]):\n"
-        "    pass\n"
-        "print(time.monotonic() - start, flush=True)\n"
-    )
-    backend.attach("job-a", reader.pid)
-    reader.stdin.write("go\n")
-    reader.stdin.flush()
-    elapsed = float(reader.stdout.readline())
+    elapsed = direct_read_seconds(children, str(data), lambda pid: backend.attach("job-a", pid))
     assert elapsed >= 1.0, f"4 MiB at 2 MB/s from {disk} took only {elapsed:.2f} s: io.max is not enforced"

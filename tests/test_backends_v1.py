@@ -13,7 +13,9 @@ from controller.backends.blockdev import read_device_of
 from controller.backends.cgroup_v1 import CgroupV1Backend
 from controller.backends.cgroupfs import drain_and_rmdir, read_pid_list, write_interface
 from fixtures.cgroup_v1 import HIERARCHIES, ROOT, needs_v1, remove_group, unique_group
-from fixtures.processes import BUSY, FORK_ON_GO, SLEEP, Children, children, fork_after_go  # noqa: F401
+from fixtures.processes import (  # noqa: F401
+    BUSY, FORK_ON_GO, SLEEP, Children, children, direct_read_seconds, fork_after_go,
+)
 
 DISK = "254:0"
 
@@ -154,20 +156,7 @@ def test_read_throttle_slows_direct_reads_from_the_disk(
     data.write_bytes(os.urandom(4 << 20))
     backend.create("job-a")
     backend.set_read_bps("job-a", DISK, 2_000_000)
-    reader = children.start(
-        "import mmap, os, sys, time\n"
-        "sys.stdin.readline()\n"
-        f"fd = os.open({str(data)!r}, os.O_RDONLY | os.O_DIRECT)\n"
-        "buf = mmap.mmap(-1, 1 << 20)\n"
-        "start = time.monotonic()\n"
-        "while os.readv(fd, [buf]):\n"
-        "    pass\n"
-        "print(time.monotonic() - start, flush=True)\n"
-    )
-    backend.attach("job-a", reader.pid)
-    reader.stdin.write("go\n")
-    reader.stdin.flush()
-    elapsed = float(reader.stdout.readline())
+    elapsed = direct_read_seconds(children, str(data), lambda pid: backend.attach("job-a", pid))
     assert elapsed >= 1.0, f"4 MiB at 2 MB/s took only {elapsed:.2f} s: the throttle is not enforced"
 
 
