@@ -243,3 +243,19 @@ def test_under_a_scheduler_a_withheld_controller_is_named_and_nothing_moves_for_
     assert "Delegate=yes" in caplog.text
     assert not (parent / f"{GROUP}.leaf").exists(), "no process moves where no controller can be enabled"
     assert backend.placement("job-a").capabilities == {"groups", "cpu_accounting"}
+
+
+def test_a_cgroup_given_no_cpu_but_bounded_by_a_memory_limit_keeps_the_job(
+        root: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Moved to the root the job would leave its cgroup's memory.max behind: it stays, and the
+    warning says why and what to delegate."""
+    make_group(root / "agent", "cpuset cpu io memory pids", memory__max="8589934592\n")
+    parent = make_group(root / "agent" / "session", "memory pids", cgroup__procs=f"{LAUNCHER}\n")
+    for group in (parent / GROUP, parent / GROUP / "job-a"):
+        make_group(group, "memory pids")
+    proc = root.parent / "proc" / str(LAUNCHER)
+    proc.mkdir(parents=True)
+    (proc / "cgroup").write_text("0::/agent/session\n")
+    with caplog.at_level("WARNING", logger="controller.backends.cgroup_v2"):
+        assert _backend(root).create("job-a", near_pid=LAUNCHER) == str(parent / GROUP / "job-a")
+    assert f"bounded by {root / 'agent' / 'memory.max'}=8589934592" in caplog.text

@@ -122,9 +122,10 @@ class CgroupV2Backend:
         some controller the root offers (an ancestor does not enable it for its children), so no
         limit of that kind could act on the job there. Where no scheduler owns that cgroup (an
         agent's or a runtime's group; seen on a real cgroup v2 node, the lent GPU machine, where
-        every job went unlimited), the job goes to the root, as on a bare node, and that is logged;
-        under a scheduler it stays, as the scheduler's limits must keep bounding it, and a warning
-        says which cgroup withholds what and how to delegate it."""
+        every job went unlimited) and no limit set on it or above it would be left behind
+        (memory.max, memory.high, pids.max), the job goes to the root, as on a bare node, and that
+        is logged. Otherwise it stays, as those limits must keep bounding it (a scheduler's
+        above all), and a warning says which cgroup withholds what and how to delegate it."""
         if launcher_parent == self.root:
             return launcher_parent
         lacking = [c for c in self._controllers if c not in _offered(launcher_parent)]
@@ -135,13 +136,15 @@ class CgroupV2Backend:
             by_withholder.setdefault(_withholder(self.root, launcher_parent, controller), []).append(controller)
         withheld = "; ".join(f"{', '.join(controllers)} (not enabled for its children by {withholder})"
                              for withholder, controllers in by_withholder.items())
-        if scheduler == "none":
-            log.info("job %s: its cgroup %s is given no %s, and no scheduler owns it: its group goes to %s, where "
-                     "they act", job_id, launcher_parent, withheld, self.root / self.group)
+        kept = _limits_above(self.root, launcher_parent)
+        if scheduler == "none" and not kept:
+            log.info("job %s: its cgroup %s is given no %s, and no scheduler owns it nor any limit bounds it: its "
+                     "group goes to %s, where they act", job_id, launcher_parent, withheld, self.root / self.group)
             return self.root
-        log.warning("job %s: its %s cgroup %s is given no %s: those limits cannot act on it. Delegate them: "
+        owner = f"{scheduler} cgroup" if scheduler != "none" else f"cgroup (bounded by {', '.join(kept)})"
+        log.warning("job %s: its %s %s is given no %s: those limits cannot act on it. Delegate them: "
                     "echo +CONTROLLER into each cgroup.subtree_control from the one named down to it (a systemd "
-                    "unit: Delegate=yes)", job_id, scheduler, launcher_parent, withheld)
+                    "unit: Delegate=yes)", job_id, owner, launcher_parent, withheld)
         return launcher_parent
 
     def _delegate(self, parent: Path) -> None:
@@ -347,6 +350,25 @@ def _offered(directory: Path) -> set[str]:
         return _controllers(directory / "cgroup.controllers")
     except BackendError:
         return set()
+
+
+_BOUNDING_LIMITS = ("memory.max", "memory.high", "pids.max")
+"""Limits a job would leave behind if moved out of its cgroup (an unset one reads "max")."""
+
+
+def _limits_above(root: Path, directory: Path) -> list[str]:
+    """The limits set on ``directory`` or an ancestor below ``root``, as "path/file=value"."""
+    found = []
+    while directory != root and directory.parent != directory:
+        for name in _BOUNDING_LIMITS:
+            try:
+                value = (directory / name).read_text().strip()
+            except OSError:
+                continue
+            if value and value != "max":
+                found.append(f"{directory / name}={value}")
+        directory = directory.parent
+    return found
 
 
 def _withholder(root: Path, directory: Path, controller: str) -> Path:
