@@ -12,7 +12,6 @@ import pytest
 
 from bench.sim_node import SimJob, SimNode, simulate
 from controller.policies import JobAllocation, JobView, NodeResources, make_policy
-from controller.policies.shares import SATISFIED_WEIGHT
 
 TWO_CORES = SimNode(cores=2)  # the controller's periods: 1 s, 0.5 s while settling
 
@@ -70,18 +69,3 @@ def test_curves_counted_from_few_batches_are_planned_as_equals_until_the_gap_bea
             for job_id, rate in (("a", 50.0), ("b", 50.0 * ratio))]
     allocation = make_policy("adaptive").allocate(node, jobs)
     assert (allocation["a"].cpu_weight == allocation["b"].cpu_weight) is equal
-
-
-def test_a_pooled_job_whose_own_curve_the_plan_covers_gets_the_satisfied_weight() -> None:
-    """Two 1-GPU jobs counted from few batches, 2x apart, are planned as equals (one curve: each is
-    planned the group's need) beside a 32-GPU job worth 3x more per core that takes most of the node.
-    What is left gives each equal a little less than the group's need, but more than the cheap one's
-    own: it is satisfied by its own curve, and gets the weight that lets it take those cores at once."""
-    node = NodeResources(cpus=(0, 1))
-    jobs = [JobView(job_id=job_id, name=job_id, gpus=gpus, max_throughput=m, loading_curve=((1.0, rate),),
-                    curve_windows=4, curve_batches=batches, current=JobAllocation())
-            for job_id, gpus, m, rate, batches in (("cheap", 1, 400.0, 3000.0, 10.0), ("dear", 1, 400.0, 1500.0, 10.0),
-                                                    ("big", 32, 1000.0, 697.0, None))]
-    allocation = make_policy("adaptive").allocate(node, jobs)
-    assert allocation["cheap"].cpu_weight >= SATISFIED_WEIGHT > allocation["dear"].cpu_weight
-    assert allocation["big"].cpu_weight > allocation["dear"].cpu_weight

@@ -163,7 +163,7 @@ class AdaptivePolicy:
         worth, order = self.weighing(node, jobs, measured)
         weights = _times(worth, order)
         models, equals = pool_equal_worth(measured, worth, weights, counted_batches(jobs), widest=FINISH_FACTOR)
-        target = self._target(node, jobs, models, weights, equals, measured)
+        target = self._target(node, jobs, models, weights, equals)
         if self._keep_current(node, jobs, models, weights, target, equals, outgrown):
             return self._kept(node, jobs, models, target, outgrown)
         self._held_back = ()
@@ -181,12 +181,9 @@ class AdaptivePolicy:
         models: Mapping[str, JobModel],
         weights: Mapping[str, float],
         equals: Sequence[Sequence[str]],
-        own: Mapping[str, JobModel],
     ) -> Allocation:
         """The plan: the program's cores and bandwidth for the modelled jobs (``equals``, the
-        groups planned as worth the same, kept equally busy), an even placeholder for the rest.
-        A job is satisfied where the program says so, or where the cores it plans cover the job's
-        own curve (``own``, before pooling; see :func:`_covered`)."""
+        groups planned as worth the same, kept equally busy), an even placeholder for the rest."""
         budget = contended_bandwidth(node, jobs, models)
         manage_io = budget is not None
         bandwidth = budget or 0.0
@@ -219,7 +216,6 @@ class AdaptivePolicy:
         satisfied = frozenset(
             job_id for job_id, busy in solution.busy.items()
             if busy >= SATISFIED or (reads_exhausted and _bandwidth_bound(models[job_id], busy, solution.read_bps[job_id]))
-            or _covered(own[job_id], solution.cores[job_id])
         )
         return allocations(
             node, jobs, {**reserved_cores, **solution.cores}, read_bps, satisfied, workers_follow_reads(node, models),
@@ -320,7 +316,7 @@ class AdaptivePolicy:
             return False
 
         def replan(left: Sequence[JobView]) -> Allocation:
-            return self._target(node, left, models, self.weights(node, left, models), equals, models)
+            return self._target(node, left, models, self.weights(node, left, models), equals)
 
         kept = weighted_completion_s(node, jobs, models, current, replan)
         planned = weighted_completion_s(node, jobs, models, target, replan)
@@ -523,18 +519,6 @@ def _plan_anew(jobs: Sequence[JobView]) -> bool:
     """True at a step where what the jobs hold was planned for another node: a job's model has
     just become known (its even share was a placeholder), or a job has just left."""
     return any(job.newly_modelled or job.departure_step for job in jobs)
-
-
-def _covered(own: JobModel, cores: float) -> bool:
-    """True when ``cores`` saturate the job by its own curve (planned PLAN_MARGIN above its mean use,
-    as every model is). A job pooled with dearer ones as worth the same (controller/policies/worth.py)
-    is planned by the group's curve, dearer than its own, and kept as busy as they are: planned more
-    cores than it uses, it still got a weight as small as those cores, and waited behind every
-    runnable worker of the node at each burst of its loading. On `real_node` (2 cores) the O_DIRECT
-    reader, pooled with the Python-bound job, was planned 0.5 cores at weight 50 for the 0.13 it
-    needs, 0.72-0.76 busy; the oracle gives it the satisfied weight, 0.93. Its cores are the plan's
-    either way; the satisfied weight only lets it take them at once."""
-    return cores >= own.cores_to_saturate()
 
 
 def _bandwidth_bound(model: JobModel, busy: float, read_bps: float) -> bool:
