@@ -19,7 +19,7 @@ import pytest
 from controller.backends.base import BackendError
 from controller.backends.blockdev import read_device_of
 from controller.backends.cgroup_v2 import CgroupV2Backend
-from fixtures.processes import BUSY, SLEEP, Children, children, direct_read_seconds  # noqa: F401
+from fixtures.processes import BUSY, SLEEP, Children, children, throttled_read_seconds  # noqa: F401
 
 MOUNT = Path("/sys/fs/cgroup")
 NEEDED = {"cpu", "cpuset", "io"}
@@ -95,9 +95,5 @@ def test_io_max_slows_direct_reads_from_the_disk(backend: CgroupV2Backend, child
         disk = read_device_of(tmp_path)
     except BackendError as exc:
         pytest.skip(f"{tmp_path} is on no block device to throttle: {exc}")
-    data = tmp_path / "data.bin"
-    data.write_bytes(os.urandom(4 << 20))
-    backend.create("job-a")
-    backend.set_read_bps("job-a", disk, 2_000_000)
-    elapsed = direct_read_seconds(children, str(data), lambda pid: backend.attach("job-a", pid))
+    elapsed = throttled_read_seconds(backend, children, tmp_path, disk)
     assert elapsed >= 1.0, f"4 MiB at 2 MB/s from {disk} took only {elapsed:.2f} s: io.max is not enforced"

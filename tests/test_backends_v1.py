@@ -14,7 +14,7 @@ from controller.backends.cgroup_v1 import CgroupV1Backend
 from controller.backends.cgroupfs import drain_and_rmdir, read_pid_list, write_interface
 from fixtures.cgroup_v1 import HIERARCHIES, ROOT, needs_v1, remove_group, unique_group
 from fixtures.processes import (  # noqa: F401
-    BUSY, FORK_ON_GO, SLEEP, Children, children, direct_read_seconds, fork_after_go,
+    BUSY, FORK_ON_GO, SLEEP, Children, children, fork_after_go, throttled_read_seconds,
 )
 
 DISK = "254:0"
@@ -152,11 +152,7 @@ def test_read_throttle_slows_direct_reads_from_the_disk(
     can only make reads slower, and load on the machine can only add time, so it cannot flake."""
     if read_device_of(tmp_path) != DISK:
         pytest.skip(f"{tmp_path} is not on {DISK}, the disk this test throttles")
-    data = tmp_path / "data.bin"
-    data.write_bytes(os.urandom(4 << 20))
-    backend.create("job-a")
-    backend.set_read_bps("job-a", DISK, 2_000_000)
-    elapsed = direct_read_seconds(children, str(data), lambda pid: backend.attach("job-a", pid))
+    elapsed = throttled_read_seconds(backend, children, tmp_path, DISK)
     assert elapsed >= 1.0, f"4 MiB at 2 MB/s took only {elapsed:.2f} s: the throttle is not enforced"
 
 
