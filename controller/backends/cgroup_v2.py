@@ -1,9 +1,11 @@
 """cgroup v2 backend: one group per job at ``<root>/<parent>/<group>/<job_id>`` in the unified hierarchy.
 
 ``<parent>`` is the cgroup the launcher was in (nested placement, see placement.py;
-the root on a bare node). v2 lets a non-root cgroup that holds processes give no
-controller to its children, so the processes already in ``<parent>`` move to a
-leaf ``<parent>/<group>.leaf`` first (and back when the last job there is gone).
+the root on a bare node, and where that cgroup is given none of some controller the
+root offers, no scheduler owns it and no limit bounds it: ``_parent_for``). v2 lets a
+non-root cgroup that holds processes give no controller to its children, so the
+processes already in ``<parent>`` move to a leaf ``<parent>/<group>.leaf`` first (and
+back when the last job there is gone).
 
 Direct writes of the kernel's interface files: cpu.max, cpuset.cpus, io.max,
 cgroup.procs, and cpu.stat for accounting. The cpu, cpuset and io controllers are
