@@ -339,11 +339,7 @@ def _move(directory: Path, pid: int) -> None:
 
 def _set_on(parent: Path) -> tuple[set[str], tuple[int, ...] | None]:
     """What the scheduler set on a job's parent: the controllers it offers, its cpuset (None: unreadable)."""
-    try:
-        offered = _controllers(parent / "cgroup.controllers")
-    except BackendError:
-        offered = set()
-    return offered, read_cpus(parent / "cpuset.cpus.effective")
+    return _offered(parent), read_cpus(parent / "cpuset.cpus.effective")
 
 
 def _offered(directory: Path) -> set[str]:
