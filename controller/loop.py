@@ -75,10 +75,13 @@ class ControlLoop:
         self.safety_net = safety_net or SafetyNet()
         self.worker_memory = worker_memory
         self.training = training
+        self._cpu_limits: dict[str, float | None] = {}
+        """Each job's scheduler CPU limit as last logged."""
 
     def forget(self, job_id: str) -> None:
         """The job is gone: nothing of it is wanted or applied any more."""
         self.allocations.forget(job_id)
+        self._cpu_limits.pop(job_id, None)
         if self.training is not None:
             self.training.forget(job_id)
 
@@ -91,7 +94,7 @@ class ControlLoop:
         store = self.allocations
         applied = {job_id: store.get(job_id).applied for job_id in store}
         views = self.change_clock.annotate(
-            [replace(view, levers=self._levers(view.job_id)) for view in registry.views(applied)], events
+            [self._placed(view) for view in registry.views(applied)], events
         )
         pids = self._pids(views)
         if self.training is not None:
@@ -147,9 +150,20 @@ class ControlLoop:
             pids[view.job_id] = group if self.training is None else self.training.place(view.job_id, group)
         return pids
 
-    def _levers(self, job_id: str) -> frozenset[str]:
-        """What acts on the job where it is placed: the policy plans only on these."""
-        return self.backend.placement(job_id).capabilities
+    def _placed(self, view: JobView) -> JobView:
+        """``view`` with what its placement allows: the levers that act on the job (the policy
+        plans only on these) and the most cores its scheduler lets it use, where fewer than the node
+        manages (logged once a change)."""
+        placement = self.backend.placement(view.job_id)
+        limit = placement.cpu_limit if placement.cpu_limit is not None and placement.cpu_limit < self.node.cores else None
+        if self._cpu_limits.get(view.job_id) != limit:  # a job never limited is never logged
+            self._cpu_limits[view.job_id] = limit
+            if limit is None:
+                log.info("job %s (%s): its scheduler's CPU limit is lifted", view.job_id, view.name)
+            else:
+                log.info("job %s (%s): its scheduler lets it use at most %.2f cores (a CPU quota on its cgroup "
+                         "or above, or its cpuset): planned within them", view.job_id, view.name, limit)
+        return replace(view, levers=placement.capabilities, max_cores=limit)
 
     def _cpu_seconds(self, registry: Registry) -> dict[str, float] | None:
         """Each job's group CPU time, when the backend accounts for it (None otherwise)."""

@@ -235,6 +235,31 @@ def test_after_kill_9_a_restarted_controller_adopts_a_nested_job_where_it_is(
     assert cgroups_of(job.pid)["cpu"] == f"{path}/{controller.group}/{job_id}"
 
 
+def test_a_pods_cpu_limit_is_planned_within_and_logged_once(
+    start_controller: Callable[..., ControllerProcess], layouts: Layouts
+) -> None:
+    """kubelet's cgroupfs driver sets a pod's CPU limit as the pod cgroup's CFS quota: the
+    controller reads it above the job's group, says so once at INFO, and the placeholder of a
+    job it has not measured yet is planned within it, not half of the node's two cores (two
+    pods: weights do not act across parents, so the plan is enforced by quotas)."""
+    controller = start_controller("--policy", "adaptive", "--cpus", "0-1", period=PERIOD)
+    path = layouts.make(LAYOUTS["kubelet-cgroupfs"][1], cpus="0-1")
+    pod = CGROUP_ROOT / "cpu" / path.lstrip("/").rsplit("/", 1)[0]
+    (pod / "cpu.cfs_quota_us").write_text("25000")  # a quarter of a CPU per 100 ms: limits.cpu 250m
+    _, job_id = _job_in(controller, layouts, path, "limited", "import time; time.sleep(120)")
+    other = layouts.make(LAYOUTS["kubelet-cgroupfs"][1], cpus="0-1")
+    _, other_id = _job_in(controller, layouts, other, "free", "import time; time.sleep(120)")
+    said = f"job {job_id} (limited): its scheduler lets it use at most 0.25 cores"
+    wait_until(lambda: said in controller.log_path.read_text(), 20, "the limit logged")
+
+    def quota(at: str, job: str) -> int:
+        return int((CGROUP_ROOT / "cpu" / at.lstrip("/") / controller.group / job / "cpu.cfs_quota_us").read_text())
+
+    wait_until(lambda: quota(path, job_id) == 25_000 and quota(other, other_id) >= 100_000, 20,
+               "the limited job's placeholder within its 0.25 cores, the other job given the rest")
+    assert controller.log_path.read_text().count(said) == 1
+
+
 def test_a_cpuset_the_scheduler_widens_is_seen_within_the_placement_refresh(layouts: Layouts) -> None:
     """placement() is asked for several times a job per step: what the scheduler set on the
     job's parent is read again only after PLACEMENT_REFRESH_S (kubelet's CPU manager changes a

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from controller.backends.cgroup_v2 import CgroupV2Backend
-from controller.backends.cgroupfs import read_pid_list
+from controller.backends.cgroupfs import PLACEMENT_REFRESH_S, read_pid_list
 from controller.policies.base import JobAllocation, NodeResources
 from controller.reconciler import reconcile
 from fixtures.cgroup2_tree import make_cgroup2_tree, make_group
@@ -125,6 +125,24 @@ def test_cpu_weights_act_only_where_every_job_shares_the_parent(root: Path) -> N
     (root.parent / "proc" / "12" / "cgroup").write_text(f"0::/{first.relative_to(root)}\n")
     backend.create("job-c", near_pid=12)
     assert backend.placement("job-c").paths["unified"].startswith("/" + str(first.relative_to(root)))
+
+
+def test_a_pods_cpu_limit_above_its_container_and_the_cpuset_bound_the_cores_a_job_can_use(root: Path) -> None:
+    """kubelet sets a pod's CPU limit as ``cpu.max`` on the pod's cgroup (and the container's):
+    the tightest on the job's parent or above, or its cpuset's CPUs if fewer, is what the
+    policies plan within (JobView.max_cores)."""
+    parent = _layout(root, LAYOUTS["kubelet-cgroupfs"][1], "job-a")  # cpuset 2-3
+    clock = [0.0]
+    backend = CgroupV2Backend(group=GROUP, root=root, proc=root.parent / "proc", clock=lambda: clock[0])
+    backend.create("job-a", near_pid=LAUNCHER)
+    assert backend.placement("job-a").cpu_limit == 2.0, "no quota: its cpuset's two CPUs"
+    (parent.parent / "cpu.max").write_text("150000 100000\n")  # the pod's limit
+    clock[0] += PLACEMENT_REFRESH_S
+    assert backend.placement("job-a").cpu_limit == 1.5
+    (parent / "cpu.max").write_text("50000 100000\n")  # the container's own, tighter
+    (parent / GROUP / "cpu.max").write_text("10000 100000\n")  # ours, below the scheduler's: not a limit of its
+    clock[0] += PLACEMENT_REFRESH_S
+    assert backend.placement("job-a").cpu_limit == 0.5
 
 
 def test_a_restarted_controller_finds_nested_groups_again(root: Path) -> None:

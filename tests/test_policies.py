@@ -119,6 +119,19 @@ def test_identical_starving_jobs_share_equally_so_the_answer_is_unique() -> None
     assert len({a.cpu_weight for a in allocation.values()}) == 1
 
 
+def test_a_job_its_scheduler_limits_is_planned_within_its_limit_and_the_rest_goes_to_the_others() -> None:
+    """Two identical starving jobs, one in a pod limited to one core (JobView.max_cores): shared
+    equally it would be planned two cores it cannot use, and the other job planned two short."""
+    limited, free = job("limited", m=1000.0, p=0.01, max_cores=1.0), job("free", m=1000.0, p=0.01)
+    allocation = make_policy("adaptive").allocate(NODE, [limited, free])
+    assert planned(allocation["limited"]) == pytest.approx(1.0, abs=0.01)
+    assert planned(allocation["free"]) == pytest.approx(NODE.cores - 1.0, abs=0.01)
+    assert allocation["limited"].workers == math.ceil(BURST_HEADROOM * 1.0)
+    newcomer = JobView(job_id="new", name="new", gpus=1, max_cores=0.5)
+    allocation = make_policy("adaptive").allocate(NODE, [free, newcomer])
+    assert planned(allocation["new"]) == pytest.approx(0.5, abs=0.01), "its placeholder too"
+
+
 def test_two_equals_that_cannot_both_be_satisfied_share_instead_of_one_taking_its_fill() -> None:
     """Each 2-GPU job needs 1.8 cores (more with the plan's margin), beside a job worth far less
     per core: within one of the program's value slices any split between the two is optimal, and

@@ -32,6 +32,9 @@ class Placement:
     other jobs (CPU weights act only between jobs with the same parent)."""
     allowed_cpus: tuple[int, ...] | None = None
     """The CPUs the scheduler gave the job (its parent's effective cpuset); None: unknown or all."""
+    cpu_limit: float | None = None
+    """The most cores the job can use there: the tightest CPU quota its scheduler set on its
+    parent or above (a pod's limit), and the CPUs of ``allowed_cpus``; None: no limit known."""
 
 
 class ResourceBackend(Protocol):

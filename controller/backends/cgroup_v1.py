@@ -24,6 +24,7 @@ from controller.backends.cgroupfs import (
     RereadEvery,
     check_bps,
     check_name,
+    cpu_limit,
     drain_and_rmdir,
     job_from_proc_cgroup,
     kernel_call,
@@ -33,6 +34,7 @@ from controller.backends.cgroupfs import (
     read_pid_list,
     remove_if_unused,
     shares_of,
+    tightest_quota,
     write_interface,
 )
 from controller.backends.placement import detect_scheduler, find_job_groups, launcher_cgroups, parent_below, relative
@@ -168,15 +170,20 @@ class CgroupV1Backend:
         cpu_groups = {parent for parent, _ in self._placed.values()}
         if len(cpu_groups) > 1:
             capabilities.discard("cpu_weight")  # weights act only between siblings: some job has another parent
-        allowed = None
+        allowed = quota = None
         if "cpuset" in nodes:
             scheduler_cpuset = Path(nodes["cpuset"].parent.parent.full_path.decode()) / "cpuset.effective_cpus"
             allowed = self._scheduler_set.get(scheduler_cpuset, lambda: read_cpus(scheduler_cpuset))
+        if "cpu" in nodes:
+            scheduler_cpu = Path(nodes["cpu"].parent.parent.full_path.decode())
+            quota = self._scheduler_set.get(
+                (scheduler_cpu, "quota"), lambda: tightest_quota(scheduler_cpu, self.root / "cpu", _quota_cores))
         return Placement(
             scheduler=self._schedulers.get(job_id, "none"),
             paths=dict(self._placed[job_id][1]) if job_id in self._placed else self._paths_of(nodes),
             capabilities=frozenset(capabilities),
             allowed_cpus=allowed,
+            cpu_limit=cpu_limit(quota, allowed),
         )
 
     def attach(self, job_id: str, pid: int) -> None:
@@ -346,6 +353,16 @@ class _Leftover:
     """The scheduler's cgroups our removed group was nested in, one per managed hierarchy."""
     until: float
     """Clock time after which the scheduler is left to clean up by itself."""
+
+
+def _quota_cores(directory: Path) -> float | None:
+    """The CFS quota set on a v1 cpu group, in cores; None where unlimited (-1) or unreadable."""
+    try:
+        quota = int((directory / "cpu.cfs_quota_us").read_text())
+        period = int((directory / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota / period if quota > 0 and period > 0 else None
 
 
 def _within_a_job(relative_path: Path) -> bool:

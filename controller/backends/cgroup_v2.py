@@ -26,6 +26,7 @@ from controller.backends.cgroupfs import (
     check_bps,
     check_name,
     check_weight,
+    cpu_limit,
     drain_and_rmdir,
     job_from_proc_cgroup,
     kernel_call,
@@ -35,6 +36,7 @@ from controller.backends.cgroupfs import (
     read_interface,
     read_pid_list,
     remove_if_unused,
+    tightest_quota,
     write_interface,
 )
 from controller.backends.placement import (
@@ -203,7 +205,7 @@ class CgroupV2Backend:
     def placement(self, job_id: str) -> Placement:
         job_dir = self._job_dir(job_id)
         parent = job_dir.parent.parent
-        offered, allowed = self._scheduler_set.get(parent, lambda: _set_on(parent))
+        offered, allowed, quota = self._scheduler_set.get(parent, lambda: self._set_on(parent))
         capabilities = set(_capabilities_of(tuple(c for c in self._controllers if c in offered)))
         if len({d.parent for d in self._jobs.values()}) > 1:
             capabilities.discard("cpu_weight")  # weights act only between siblings: some job has another parent
@@ -212,7 +214,14 @@ class CgroupV2Backend:
             paths={"unified": relative(job_dir, self.root)},
             capabilities=frozenset(capabilities),
             allowed_cpus=allowed,
+            cpu_limit=cpu_limit(quota, allowed),
         )
+
+    def _set_on(self, parent: Path) -> tuple[set[str], tuple[int, ...] | None, float | None]:
+        """What the scheduler set on a job's parent: the controllers it offers, its cpuset (None:
+        unreadable), the tightest CPU quota on it or above, in cores (None: none)."""
+        quota = tightest_quota(parent, self.root, _quota_cores)
+        return _offered(parent), read_cpus(parent / "cpuset.cpus.effective"), quota
 
     def attach(self, job_id: str, pid: int) -> None:
         _move(self._job_dir(job_id), pid)
@@ -337,9 +346,13 @@ def _move(directory: Path, pid: int) -> None:
     write_interface(directory / "cgroup.procs", str(pid), f"moving pid {pid} into {directory.name}")
 
 
-def _set_on(parent: Path) -> tuple[set[str], tuple[int, ...] | None]:
-    """What the scheduler set on a job's parent: the controllers it offers, its cpuset (None: unreadable)."""
-    return _offered(parent), read_cpus(parent / "cpuset.cpus.effective")
+def _quota_cores(directory: Path) -> float | None:
+    """The ``cpu.max`` quota set on a v2 group, in cores; None where "max" or unreadable."""
+    try:
+        quota, _, period = (directory / "cpu.max").read_text().strip().partition(" ")
+        return int(quota) / int(period) if quota != "max" and int(period) > 0 else None
+    except (OSError, ValueError):
+        return None
 
 
 def _offered(directory: Path) -> set[str]:

@@ -69,6 +69,26 @@ def read_cpus(path: Path) -> tuple[int, ...] | None:
         return None
 
 
+def tightest_quota(directory: Path, top: Path, read_quota: Callable[[Path], float | None]) -> float | None:
+    """The tightest CPU quota, in cores, that ``read_quota`` finds on ``directory`` or an
+    ancestor below ``top`` (a pod's limit may sit on its pod's cgroup, above its container's);
+    None where none is set."""
+    limits = []
+    while directory != top and top in directory.parents:
+        quota = read_quota(directory)
+        if quota is not None:
+            limits.append(quota)
+        directory = directory.parent
+    return min(limits, default=None)
+
+
+def cpu_limit(quota: float | None, allowed_cpus: tuple[int, ...] | None) -> float | None:
+    """The most cores a job can use where its scheduler placed it: its quota above, and the
+    CPUs its cpuset allows; None where neither is known."""
+    limits = [limit for limit in (quota, float(len(allowed_cpus)) if allowed_cpus else None) if limit is not None]
+    return min(limits, default=None)
+
+
 _REMEDIES = {
     errno.ENOENT: "the group or its controller file is missing: create the job's group first, "
     "and check that the controller is mounted/enabled",

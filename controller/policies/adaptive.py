@@ -55,7 +55,7 @@ from dataclasses import replace
 from typing import Callable, Mapping, Sequence
 
 from controller.policies import lp
-from controller.policies.base import Allocation, JobAllocation, JobView, NodeResources
+from controller.policies.base import Allocation, JobAllocation, JobView, NodeResources, core_limit
 from controller.policies.completion import weighted_completion_s
 from controller.policies.outgrown import followed, outgrowth
 from controller.policies.ranks import at_node_rate, ranks_behind, run_lengths, unknown_as_longest
@@ -190,7 +190,7 @@ class AdaptivePolicy:
         n = len(jobs)
         core_floor, io_floor = floors(node, n)
         unknown = [job for job in jobs if job.job_id not in models]
-        reserved_cores = {job.job_id: node.cores / n for job in unknown}
+        reserved_cores = {job.job_id: min(node.cores / n, core_limit(node, job)) for job in unknown}
         reserved_io = {job.job_id: bandwidth / n for job in unknown}
         demands = [
             lp.JobDemand(
@@ -199,8 +199,8 @@ class AdaptivePolicy:
                 max_throughput=models[job.job_id].max_throughput,
                 lines=models[job.job_id].lines,
                 bytes_per_sample=models[job.job_id].bytes_per_sample,
-                min_cores=core_floor,
-                max_cores=node.cores,
+                min_cores=min(core_floor, core_limit(node, job)),
+                max_cores=core_limit(node, job),
                 min_read_bps=io_floor,
             )
             for job in jobs

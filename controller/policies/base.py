@@ -122,6 +122,9 @@ class JobView:
     is free, and the plan for the jobs left is made anew (controller/change_clock.py)."""
     max_workers: int | None = None
     """Most workers per rank that fit in the job's memory (controller/worker_memory.py); None: no limit known."""
+    max_cores: float | None = None
+    """Most cores the job can use where its scheduler placed it (a pod's CPU limit, a Slurm
+    job's cpuset: controller/backends/base.Placement.cpu_limit); None: no limit known."""
     levers: frozenset[str] | None = None
     """The backend's capabilities that act on this job where its scheduler placed it
     ("cpu_quota", "cpu_weight", "cpuset", "read_bps"); None: all of them (a bare node).
@@ -147,6 +150,11 @@ class Policy(Protocol):
 
     def allocate(self, node: NodeResources, jobs: Sequence[JobView]) -> Allocation:
         ...
+
+
+def core_limit(node: NodeResources, job: JobView) -> float:
+    """The most cores a policy may plan for ``job``: the node's, within what its scheduler lets it use."""
+    return node.cores if job.max_cores is None else min(node.cores, job.max_cores)
 
 
 def worker_limit(node: NodeResources, job: JobView) -> int:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from controller.policies.base import (
-    JobAllocation, JobView, NodeResources, plan_by_quota, worker_limit, workers_for_cores,
+    JobAllocation, JobView, NodeResources, core_limit, plan_by_quota, worker_limit, workers_for_cores,
 )
 from throughput_model.curves import Line, concave_lines, evaluate_lines
 
@@ -251,11 +251,12 @@ def allocations(
     unsatisfied_plan = sum(planned[job_id] for job_id in unsatisfied)
     result: dict[str, JobAllocation] = {}
     for job in jobs:
-        c = min(node.cores, max(node.min_cores_per_job, planned[job.job_id]))
+        most = core_limit(node, job)
+        c = min(most, max(node.min_cores_per_job, planned[job.job_id]))
         if job.job_id in satisfied:
             weight, span = SATISFIED_WEIGHT + WEIGHT_PER_CORE * c, c
         else:
-            weight, span = WEIGHT_PER_CORE * c, max(c, free * planned[job.job_id] / unsatisfied_plan)
+            weight, span = WEIGHT_PER_CORE * c, min(most, max(c, free * planned[job.job_id] / unsatisfied_plan))
         limit = worker_limit(node, job)
         if job.job_id in readers and job.requested_workers:
             need = readers[job.job_id]
