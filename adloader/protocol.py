@@ -166,6 +166,9 @@ class JobSnapshot:
     cgroups: dict[str, str] = field(default_factory=dict)
     """The job's group in each hierarchy adloader manages ("cpu", "cpuset", ... on v1,
     "unified" on v2), nested below the scheduler's cgroups."""
+    scheduler_cpu_limit: float | None = None
+    """The most cores the job's scheduler lets it use: the tightest CPU quota on its cgroup or
+    above (a pod's limit), and its cpuset's CPUs; None: no limit known."""
     workers_target: int | None = None
     workers_running: int = 0
     """Sum over ranks of the workers each loader says it runs."""

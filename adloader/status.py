@@ -127,7 +127,8 @@ def render_table(snapshot: NodeSnapshot, now: float) -> str:
                      "memory cap counts it" + (" (<= an upper bound: the job has room to spare)" if bound else ""))
     for job in snapshot.jobs:
         if job.cgroups:
-            lines.append(f"@ {job.name} ({job.job_id}) scheduler {job.scheduler}: {cgroups_text(job.cgroups)}")
+            limit = "" if job.scheduler_cpu_limit is None else f", CPU limit {job.scheduler_cpu_limit:.2f} cores"
+            lines.append(f"@ {job.name} ({job.job_id}) scheduler {job.scheduler}{limit}: {cgroups_text(job.cgroups)}")
     for job in snapshot.jobs:
         for field, error in sorted(job.failed_to_apply.items()):
             lines.append(f"! {job.name} ({job.job_id}): {field} not applied, retrying each period: {error}")

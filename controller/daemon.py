@@ -468,12 +468,13 @@ class Controller:
         )
 
     def _placed(self, job: JobSnapshot) -> JobSnapshot:
-        """The snapshot with where the backend placed the job (nested placement), what a
+        """The snapshot with where the backend placed the job (nested placement) and the CPU its
+        scheduler lets it use, what a
         worker costs and how many its memory holds, and its ranks kept out of its CPU group."""
         placement = self.backend.placement(job.job_id)
         memory = self.loop.worker_memory
         placed = replace(job, scheduler=placement.scheduler, cgroups=dict(placement.paths),
-                         training_processes_apart=self.training.apart(job.job_id))
+                         scheduler_cpu_limit=placement.cpu_limit, training_processes_apart=self.training.apart(job.job_id))
         cost = memory.cost_of(job.job_id) if memory is not None else None
         if memory is None or cost is None:
             return placed

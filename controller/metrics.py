@@ -86,6 +86,9 @@ JOB_METRICS: tuple[JobMetric, ...] = (
     JobMetric("adloader_job_training_processes_apart", "gauge",
               "Ranks kept out of the job's CPU group, so that its weight and quota act on its loaders only.",
               lambda j: j.training_processes_apart),
+    JobMetric("adloader_job_scheduler_cpu_limit_cores", "gauge",
+              "Most cores the job's scheduler lets it use (a CPU quota on its cgroup or above, its cpuset's CPUs), "
+              "which the policy plans within; absent where none is known.", lambda j: j.scheduler_cpu_limit),
     JobMetric("adloader_job_workers_memory_limit", "gauge",
               "Most DataLoader workers, all ranks, that fit in the job's memory limits and the node's reserve; "
               "absent until a worker is measured.", lambda j: j.workers_memory_limit),

@@ -258,6 +258,7 @@ def test_a_pods_cpu_limit_is_planned_within_and_logged_once(
     wait_until(lambda: quota(path, job_id) == 25_000 and quota(other, other_id) >= 100_000, 20,
                "the limited job's placeholder within its 0.25 cores, the other job given the rest")
     assert controller.log_path.read_text().count(said) == 1
+    assert {job.job_id: job.scheduler_cpu_limit for job in controller.status().jobs}[job_id] == 0.25
 
 
 def test_a_cpuset_the_scheduler_widens_is_seen_within_the_placement_refresh(layouts: Layouts) -> None:

@@ -39,7 +39,7 @@ RESNET = _job(
     workers_running=5, achieved_sps=410.0, max_sps_predicted=520.0, max_sps_measured=500.0, gpu_idle_ratio=0.18,
     data_wait_ratio=0.2, samples_total=12800, data_wait_seconds_total=7.5, compute_seconds_total=30.0,
     loader_cpu_seconds_total=55.0, loader_load_seconds_total=21.0, read_bytes_total=3_000_000_000,
-    cpu_seconds_total=60.0, workers_memory_limit=9, worker_memory_bytes=250 * 2**20, worker_prefetch_bytes=16 * 2**20,
+    cpu_seconds_total=60.0, scheduler_cpu_limit=3.0, workers_memory_limit=9, worker_memory_bytes=250 * 2**20, worker_prefetch_bytes=16 * 2**20,
     worker_memory_exact=True,
     failed_to_apply={"cpus": "cpuset.cpus: Invalid argument"},
 )
@@ -98,6 +98,7 @@ def test_every_job_field_is_exported_with_its_value_and_both_job_labels(scraper:
     assert samples[key("adloader_job_samples_total")] == 12800
     assert samples[key("adloader_job_unapplied_limits")] == 1
     assert samples[key("adloader_job_workers_memory_limit")] == 9
+    assert samples[key("adloader_job_scheduler_cpu_limit_cores")] == 3.0
     assert samples[key("adloader_job_worker_memory_bytes")] == 250 * 2**20
     assert samples[key("adloader_job_worker_prefetch_bytes")] == 16 * 2**20
     assert samples[key("adloader_job_worker_memory_exact")] == 1
@@ -112,6 +113,7 @@ def test_unmeasured_job_values_are_absent_not_zero_while_its_counters_start_at_z
     assert _job_value(samples, "adloader_job_gpu_idle_ratio", "j-2") is None
     assert _job_value(samples, "adloader_job_worker_memory_bytes", "j-2") is None
     assert _job_value(samples, "adloader_job_worker_memory_exact", "j-2") is None
+    assert _job_value(samples, "adloader_job_scheduler_cpu_limit_cores", "j-2") is None
     assert _job_value(samples, "adloader_job_data_wait_seconds_total", "j-2") == 0
     assert _job_value(samples, "adloader_job_samples_total", "j-2") == 0
     assert samples[("adloader_job_info", (("job_id", "j-2"), ("job_name", "bert"), ("state", "starting"),

@@ -84,6 +84,16 @@ def test_a_weighted_job_shows_its_weight_and_the_cores_it_gives_on_the_contended
         ["~3.0", "300"], ["~1.0", "100"], ["1.0", "-"], ["~0.0", "50"]]
 
 
+def test_a_nested_jobs_line_names_its_scheduler_its_cpu_limit_and_its_groups() -> None:
+    pod = "/kubepods/burstable/pod1/c1/adloader/j-1"
+    limited = _job("j-1", "resnet50", scheduler="kubernetes", scheduler_cpu_limit=0.25,
+                   cgroups={"cpu": pod, "cpuacct": pod})
+    bare = _job("j-2", "bert", cgroups={"cpu": "/adloader/j-2"})
+    lines = render_table(_node(limited, bare), now=1000.0).splitlines()
+    assert f"@ resnet50 (j-1) scheduler kubernetes, CPU limit 0.25 cores: cpu,cpuacct={pod}" in lines
+    assert "@ bert (j-2) scheduler none: cpu=/adloader/j-2" in lines
+
+
 def test_table_of_an_empty_node_says_how_to_start_a_job() -> None:
     table = render_table(NodeSnapshot(version="0", policy="even", backend="affinity", started_at=0.0, period_s=1.0,
                                       cpus=(0,), read_bps=None, read_device=None), now=59.0)
