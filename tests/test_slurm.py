@@ -165,6 +165,7 @@ def test_status_shows_the_scheduler_and_each_hierarchys_path(scenario: Scenario)
     for job in scenario.jobs:
         snapshot = scenario.controller.job(job.job_id)
         assert snapshot is not None and snapshot.scheduler == "slurm"
+        assert snapshot.scheduler_cpu_limit == 1.0, "ConstrainCores' one core: its cpuset"
         slurm = job.slurm_cgroups()
         group = scenario.controller.group
         assert snapshot.cgroups == {
