@@ -2,6 +2,7 @@
 overcommitted, floors hold, the answer is deterministic and independent of job order."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from typing import Callable
@@ -119,6 +120,25 @@ def test_small_nodes_are_never_overcommitted(name: str, node: NodeResources, job
 def test_hundreds_of_jobs(name: str, node: NodeResources, jobs: list[JobView]) -> None:
     allocation = make_policy(name).allocate(node, jobs)
     check_allocation_invariants(node, jobs, allocation)
+
+
+@pytest.mark.parametrize("name", ["adaptive", "jct"])
+@settings(max_examples=60, deadline=None)
+@given(node=nodes, jobs=job_views(max_jobs=12), limits=st.lists(st.one_of(st.none(), st.floats(0.01, 64.0)),
+                                                                min_size=12, max_size=12))
+def test_no_job_is_planned_more_cores_than_its_scheduler_lets_it_use(
+    name: str, node: NodeResources, jobs: list[JobView], limits: list[float | None],
+) -> None:
+    """Jobs under different pods (weights do not act across them, so the plan is quotas), each
+    with or without a CPU limit of its own (JobView.max_cores). (The quotas may sum to more
+    than the node: a satisfied job's quota carries the plan's margin, shares.allocations.)"""
+    limited = [dataclasses.replace(job, max_cores=limit, levers=frozenset({"cpu_quota"}))
+               for job, limit in zip(jobs, limits)]
+    allocation = make_policy(name).allocate(node, limited)
+    for job in limited:
+        cores = allocation[job.job_id].cores
+        assert cores is not None and allocation[job.job_id].cpu_weight is None
+        assert cores <= (node.cores if job.max_cores is None else min(node.cores, job.max_cores)) + 1e-9
 
 
 @settings(max_examples=40, deadline=None)
