@@ -75,3 +75,18 @@ def test_quotas_carry_the_plan_where_weights_do_not_reach_every_job() -> None:
     apart_plan = make_policy("adaptive").allocate(node, _jobs(apart))
     assert all(a.cpu_weight is None and a.cores is not None for a in apart_plan.values())
     assert sum(a.cores for a in apart_plan.values() if a.cores) == pytest.approx(node.cores)
+
+
+def test_a_job_no_cpu_lever_acts_on_is_planned_no_weight_and_the_others_keep_theirs() -> None:
+    """A job left in a cgroup given no ``cpu`` (its scheduler does not delegate it): nothing
+    would apply a weight or quota to it, so the decision (and its log) names none, and the jobs
+    whose CPU is controlled still share one parent: weights for them, not quotas."""
+    everywhere = frozenset({"cpu_quota", "cpu_weight", "cpuset", "read_bps"})
+    jobs = [*_jobs(everywhere), JobView(job_id="j-memory-only", name="pinned", levers=frozenset())]
+    assert not plan_by_quota(jobs)
+    plan = make_policy("adaptive").allocate(NodeResources(cpus=(0, 1)), jobs)
+    assert plan["j-memory-only"].cpu_weight is None and plan["j-memory-only"].cores is None
+    assert plan["j-memory-only"].workers is not None
+    assert all(plan[f"j{i}"].cpu_weight is not None and plan[f"j{i}"].cores is None for i in range(2))
+    affinity = make_policy("adaptive").allocate(NodeResources(cpus=(0, 1)), _jobs(frozenset({"cpuset"})))
+    assert all(a.cpu_weight is None and a.cores is None for a in affinity.values()), "the affinity backend"

@@ -132,12 +132,20 @@ class JobView:
     reach every job, a policy plans with quotas instead."""
 
 
+def cpu_controlled(job: JobView) -> bool:
+    """A CPU weight or quota acts on the job where its scheduler placed it (not on a job left in
+    a cgroup given no ``cpu`` controller, nor under the affinity backend)."""
+    return job.levers is None or bool(job.levers & {"cpu_weight", "cpu_quota"})
+
+
 def plan_by_quota(jobs: Sequence[JobView]) -> bool:
-    """True when a CPU weight does not act on every job (they do not all share one parent
-    cgroup) but a quota does: a plan of cores is then enforced by quotas."""
+    """True when a CPU weight does not act on every job whose CPU is controlled (they do not all
+    share one parent cgroup) but a quota does: a plan of cores is then enforced by quotas."""
+    controlled = [job for job in jobs if cpu_controlled(job)]
+
     def acts(lever: str) -> bool:
-        return all(job.levers is None or lever in job.levers for job in jobs)
-    return not acts("cpu_weight") and acts("cpu_quota")
+        return all(job.levers is None or lever in job.levers for job in controlled)
+    return bool(controlled) and not acts("cpu_weight") and acts("cpu_quota")
 
 
 Allocation = Mapping[str, JobAllocation]

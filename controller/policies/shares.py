@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from controller.policies.base import (
-    JobAllocation, JobView, NodeResources, core_limit, plan_by_quota, worker_limit, workers_for_cores,
+    JobAllocation, JobView, NodeResources, core_limit, cpu_controlled, plan_by_quota, worker_limit,
+    workers_for_cores,
 )
 from throughput_model.curves import Line, concave_lines, evaluate_lines
 
@@ -243,7 +244,8 @@ def allocations(
     workers, no quota, the whole managed cpuset for everyone; a reader's workers from what
     its reads need (:func:`reader_workers`), ``readers`` mapping each to the bytes/s it
     reads at full speed. Where weights do not reach every job (jobs under different parent
-    cgroups, see JobView.levers), each job's span becomes its quota instead."""
+    cgroups, see JobView.levers), each job's span becomes its quota instead; a job no weight or
+    quota acts on gets neither (its workers still follow the plan)."""
     by_weight = not plan_by_quota(jobs)
     planned = spread(node.cores, {job.job_id: cores[job.job_id] for job in jobs})
     unsatisfied = [job.job_id for job in jobs if job.job_id not in satisfied]
@@ -268,9 +270,10 @@ def allocations(
         else:
             k = reader_workers_per_core if job.job_id in readers else workers_per_core
             workers = workers_for_span(node, job, span, k)
+        controlled = cpu_controlled(job)
         result[job.job_id] = JobAllocation(
-            cpu_weight=max(1, min(10_000, round(weight))) if by_weight else None,
-            cores=None if by_weight else min(node.cores, span),
+            cpu_weight=max(1, min(10_000, round(weight))) if by_weight and controlled else None,
+            cores=None if by_weight or not controlled else min(node.cores, span),
             cpus=node.cpus,
             read_bps=None if read_bps is None else max(1, int(read_bps[job.job_id])),
             workers=workers,
