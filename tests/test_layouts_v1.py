@@ -146,7 +146,8 @@ def test_a_job_stays_in_its_schedulers_cgroups_and_its_cpuset_and_its_group_goes
     assert (snapshot.scheduler, snapshot.cgroups) == (scheduler, {h: nested for h in MANAGED})
     table = subprocess.run([sys.executable, "-m", "adloader", "status", "--socket", str(controller.socket)],
                            capture_output=True, text=True, timeout=30, cwd=REPO, env=controller.environ)
-    assert f"@ {layout} ({job_id}) scheduler {scheduler}: blkio,cpu,cpuacct,cpuset={nested}" in table.stdout
+    assert f"@ {layout} ({job_id}) scheduler {scheduler}, CPU limit 1.00 cores: blkio,cpu,cpuacct,cpuset={nested}" \
+        in table.stdout, "its cpuset's one CPU is its limit"
 
     pids = [p.pid for p in processes]
     layouts.kill(path)
