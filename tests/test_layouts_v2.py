@@ -145,6 +145,22 @@ def test_a_pods_cpu_limit_above_its_container_and_the_cpuset_bound_the_cores_a_j
     assert backend.placement("job-a").cpu_limit == 0.5
 
 
+def test_a_job_whose_parent_offers_no_cpu_leaves_the_others_their_weights(root: Path) -> None:
+    """Two jobs in one pod share a parent; a third in a unit whose parent offers only memory and
+    pids has no CPU lever at all, so it is no reason to plan the other two by quota."""
+    backend = _backend(root)
+    pod = _layout(root, LAYOUTS["kubelet-systemd"][1], "job-a", launcher=10)
+    make_group(pod / GROUP / "job-b")
+    (root.parent / "proc" / "11").mkdir()
+    (root.parent / "proc" / "11" / "cgroup").write_text(f"0::/{pod.relative_to(root)}\n")
+    _layout(root, LAYOUTS["systemd-service"][1], "job-c", controllers="memory pids", launcher=12)
+    for job, pid in (("job-a", 10), ("job-b", 11), ("job-c", 12)):
+        backend.create(job, near_pid=pid)
+    assert "cpu_weight" in backend.placement("job-a").capabilities
+    assert "cpu_weight" in backend.placement("job-b").capabilities
+    assert not backend.placement("job-c").capabilities & {"cpu_weight", "cpu_quota"}
+
+
 def test_a_restarted_controller_finds_nested_groups_again(root: Path) -> None:
     parent = _layout(root, LAYOUTS["kubelet-cgroupfs"][1], "job-a")
     _backend(root).create("job-a", near_pid=LAUNCHER)

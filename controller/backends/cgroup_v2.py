@@ -204,10 +204,10 @@ class CgroupV2Backend:
 
     def placement(self, job_id: str) -> Placement:
         job_dir = self._job_dir(job_id)
-        parent = job_dir.parent.parent
-        offered, allowed, quota = self._scheduler_set.get(parent, lambda: self._set_on(parent))
+        offered, allowed, quota = self._scheduler_set_above(job_dir)
         capabilities = set(_capabilities_of(tuple(c for c in self._controllers if c in offered)))
-        if len({d.parent for d in self._jobs.values()}) > 1:
+        weighted_groups = {d.parent for d in self._jobs.values() if "cpu" in self._scheduler_set_above(d)[0]}
+        if len(weighted_groups) > 1:
             capabilities.discard("cpu_weight")  # weights act only between siblings: some job has another parent
         return Placement(
             scheduler=self._schedulers.get(job_id, "none"),
@@ -216,6 +216,12 @@ class CgroupV2Backend:
             allowed_cpus=allowed,
             cpu_limit=cpu_limit(quota, allowed),
         )
+
+    def _scheduler_set_above(self, job_dir: Path) -> tuple[set[str], tuple[int, ...] | None, float | None]:
+        """:meth:`_set_on` the job's parent, read at most once a PLACEMENT_REFRESH_S (a job whose
+        parent offers no ``cpu`` has no weight to compare with its neighbours')."""
+        parent = job_dir.parent.parent
+        return self._scheduler_set.get(parent, lambda: self._set_on(parent))
 
     def _set_on(self, parent: Path) -> tuple[set[str], tuple[int, ...] | None, float | None]:
         """What the scheduler set on a job's parent: the controllers it offers, its cpuset (None:
