@@ -474,7 +474,8 @@ class Controller:
         placement = self.backend.placement(job.job_id)
         memory = self.loop.worker_memory
         placed = replace(job, scheduler=placement.scheduler, cgroups=dict(placement.paths),
-                         scheduler_cpu_limit=placement.cpu_limit, training_processes_apart=self.training.apart(job.job_id))
+                         scheduler_cpu_limit=placement.cpu_limit,
+                         training_processes_apart=self.training.apart(job.job_id))
         cost = memory.cost_of(job.job_id) if memory is not None else None
         if memory is None or cost is None:
             return placed

@@ -155,7 +155,9 @@ class ControlLoop:
         plans only on these) and the most cores its scheduler lets it use, where fewer than the node
         manages (logged once a change)."""
         placement = self.backend.placement(view.job_id)
-        limit = placement.cpu_limit if placement.cpu_limit is not None and placement.cpu_limit < self.node.cores else None
+        limit = placement.cpu_limit
+        if limit is not None and limit >= self.node.cores:
+            limit = None  # no fewer than the node manages: nothing to plan within
         if self._cpu_limits.get(view.job_id) != limit:  # a job never limited is never logged
             self._cpu_limits[view.job_id] = limit
             if limit is None:
