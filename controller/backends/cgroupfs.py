@@ -85,8 +85,9 @@ def tightest_quota(directory: Path, top: Path, read_quota: Callable[[Path], floa
 def cpu_limit(quota: float | None, allowed_cpus: tuple[int, ...] | None) -> float | None:
     """The most cores a job can use where its scheduler placed it: its quota above, and the
     CPUs its cpuset allows; None where neither is known."""
-    limits = [limit for limit in (quota, float(len(allowed_cpus)) if allowed_cpus else None) if limit is not None]
-    return min(limits, default=None)
+    if not allowed_cpus:
+        return quota
+    return float(len(allowed_cpus)) if quota is None else min(quota, float(len(allowed_cpus)))
 
 
 _REMEDIES = {
