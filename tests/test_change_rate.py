@@ -4,6 +4,9 @@ last changed (on an injected clock)."""
 from __future__ import annotations
 
 import dataclasses
+import logging
+
+import pytest
 
 from controller.change_clock import ChangeClock, settling
 from controller.policies import JobAllocation, JobView, NodeResources, make_policy
@@ -116,7 +119,8 @@ def test_a_job_is_planned_at_the_step_its_model_becomes_known_on_a_lower_bar() -
     assert kept == placeholder
 
 
-def test_a_first_plan_is_not_held_on_a_placeholder_that_satisfies_a_young_curve_only_within_its_noise() -> None:
+def test_a_first_plan_is_not_held_on_a_placeholder_that_satisfies_a_young_curve_only_within_its_noise(
+        caplog: pytest.LogCaptureFixture) -> None:
     """Seeded random mix 2: a 4-GPU newcomer needing 0.65 cores by its first 3 windows got 0.66
     from its placeholder weight, so its first plan gained nothing and was held; 2.6 s later its
     curve, matured, needed 0.78, and the plan came then, 5.0-5.5 s after the departure before
@@ -135,8 +139,10 @@ def test_a_first_plan_is_not_held_on_a_placeholder_that_satisfies_a_young_curve_
 
     assert first_plan(needs=0.65, batches=None) == held  # no counting noise known: within the placeholder
     assert first_plan(needs=0.65, batches=400.0) == held  # 5% noise: 0.68 cores, still within it
-    planned = first_plan(needs=0.65, batches=50.0)  # 15% noise: 0.75 cores, beyond it
+    with caplog.at_level(logging.INFO, logger="controller.policies.adaptive"):
+        planned = first_plan(needs=0.65, batches=50.0)  # 15% noise: 0.75 cores, beyond it
     assert planned != held and planned["new"].cpu_weight > 10 * held["new"].cpu_weight
+    assert "makes the first plan of new" in caplog.text and "counting noise" in caplog.text
     assert first_plan(needs=0.5, batches=50.0) == held  # satisfied well within: nothing to gain
 
 

@@ -278,7 +278,13 @@ class AdaptivePolicy:
         threshold = self.first_plan_gain if _plan_anew(jobs) else self.gain_threshold
         small_gain = gain <= now * threshold + 1e-9
         if small_gain and _plan_anew(jobs):
-            small_gain = not _satisfies_newcomer_beyond_noise(node, jobs, models, weights, current, target, threshold)
+            if within_noise := _newcomers_satisfied_within_noise(node, jobs, models, weights, current, target,
+                                                                  threshold):
+                log.info("%s: makes the first plan of %s: held, it gains %+.1f%% of predicted rate, but the "
+                         "placeholder satisfies %s only within its young curve's counting noise", self.name,
+                         ", ".join(within_noise), 100 * gain / max(now, 1e-12),
+                         "them" if len(within_noise) > 1 else "it")
+                small_gain = False
         evens = _evens_outgrown(node, jobs, models, current, target, equals, outgrown)
         if small_gain and not evens:
             if _plan_anew(jobs):
@@ -518,16 +524,16 @@ def _with_fewer_workers(jobs: Sequence[JobView], allocation: Allocation,
     return result, tuple(cut)
 
 
-def _satisfies_newcomer_beyond_noise(node: NodeResources, jobs: Sequence[JobView], models: Mapping[str, JobModel],
-                                     weights: Mapping[str, float], current: Allocation, target: Allocation,
-                                     threshold: float) -> bool:
-    """True when ``target`` gives a job whose model is new and young (fewer than
-    MATURE_CURVE_WINDOWS windows) the satisfied weight its placeholder lacks, and beats
-    ``current`` by more than ``threshold`` once such jobs' curves are made dearer by one standard
-    deviation of their counting noise. A first plan held for gaining nothing is held on the
-    newcomer's first few windows: where the placeholder satisfies it only within that noise,
-    its maturing curve tips the balance a few seconds later, and the plan is made then, as a
-    change of its own. On seeded random mix 2 a 4-GPU newcomer needing 0.65 cores by 3 windows,
+def _newcomers_satisfied_within_noise(node: NodeResources, jobs: Sequence[JobView], models: Mapping[str, JobModel],
+                                      weights: Mapping[str, float], current: Allocation, target: Allocation,
+                                      threshold: float) -> tuple[str, ...]:
+    """The names of the jobs whose model is new and young (fewer than MATURE_CURVE_WINDOWS
+    windows) and to which ``target`` gives the satisfied weight their placeholder lacks, where
+    ``target`` beats ``current`` by more than ``threshold`` once those jobs' curves are made
+    dearer by one standard deviation of their counting noise; () otherwise. A first plan held
+    for gaining nothing is held on the newcomer's first few windows: where the placeholder
+    satisfies it only within that noise, its maturing curve tips the balance a few seconds
+    later, and the plan is made then, as a change of its own. On seeded random mix 2 a 4-GPU newcomer needing 0.65 cores by 3 windows,
     0.66 by its placeholder weight, had its first plan held and made 2.6 s later at 0.78 (8
     windows): 5.0-5.5 s after the departure before it in two of four repeats. Only a plan that
     satisfies the newcomer: that weight stays right if its curve turns out cheaper. Making every
@@ -541,10 +547,12 @@ def _satisfies_newcomer_beyond_noise(node: NodeResources, jobs: Sequence[JobView
         and _satisfied_weight(target[job.job_id]) and not _satisfied_weight(current[job.job_id])
     }
     if not dearer:
-        return False
+        return ()
     models = {**models, **dearer}
     now = predicted_objective(node, jobs, models, weights, current)
-    return predicted_objective(node, jobs, models, weights, target) - now > now * threshold + 1e-9
+    if predicted_objective(node, jobs, models, weights, target) - now <= now * threshold + 1e-9:
+        return ()
+    return tuple(job.name for job in jobs if job.job_id in dearer)
 
 
 def _satisfied_weight(allocation: JobAllocation) -> bool:
