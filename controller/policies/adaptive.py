@@ -280,7 +280,7 @@ class AdaptivePolicy:
         if small_gain and _plan_anew(jobs):
             if within_noise := _newcomers_satisfied_within_noise(node, jobs, models, weights, current, target,
                                                                   threshold):
-                log.info("%s: makes the first plan of %s: held, it gains %+.1f%% of predicted rate, but the "
+                log.info("%s: makes the first plan of %s though it gains only %+.1f%% of predicted rate: the "
                          "placeholder satisfies %s only within its young curve's counting noise", self.name,
                          ", ".join(within_noise), 100 * gain / max(now, 1e-12),
                          "them" if len(within_noise) > 1 else "it")
