@@ -281,9 +281,9 @@ class AdaptivePolicy:
             if within_noise := _newcomers_satisfied_within_noise(node, jobs, models, weights, current, target,
                                                                   threshold):
                 log.info("%s: makes the first plan of %s though it gains only %+.1f%% of predicted rate: the "
-                         "placeholder satisfies %s only within its young curve's counting noise", self.name,
+                         "placeholder satisfies %s only within the counting noise of %s young curve", self.name,
                          ", ".join(within_noise), 100 * gain / max(now, 1e-12),
-                         "them" if len(within_noise) > 1 else "it")
+                         *(("them", "each one's") if len(within_noise) > 1 else ("it", "its")))
                 small_gain = False
         evens = _evens_outgrown(node, jobs, models, current, target, equals, outgrown)
         if small_gain and not evens:
