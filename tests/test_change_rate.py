@@ -124,7 +124,8 @@ def test_a_first_plan_is_not_held_on_a_placeholder_that_satisfies_a_young_curve_
     """Seeded random mix 2: a 4-GPU newcomer needing 0.65 cores by its first 3 windows got 0.66
     from its placeholder weight, so its first plan gained nothing and was held; 2.6 s later its
     curve, matured, needed 0.78, and the plan came then, 5.0-5.5 s after the departure before
-    it. Held only where the placeholder still satisfies the curve made dearer by its counting noise."""
+    it. Held only where the placeholder still satisfies the curve made dearer by its counting
+    noise."""
     node = NodeResources(cpus=(0, 1))
     policy = AdaptivePolicy(gain_threshold=0.1, first_plan_gain=0.02)
     held = {"hog": JobAllocation(cpu_weight=120, workers=2), "new": JobAllocation(cpu_weight=67, workers=2)}

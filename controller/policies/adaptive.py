@@ -530,16 +530,17 @@ def _newcomers_satisfied_within_noise(node: NodeResources, jobs: Sequence[JobVie
     """The names of the jobs whose model is new and young (fewer than MATURE_CURVE_WINDOWS
     windows) and to which ``target`` gives the satisfied weight their placeholder lacks, where
     ``target`` beats ``current`` by more than ``threshold`` once those jobs' curves are made
-    dearer by one standard deviation of their counting noise; () otherwise. A first plan held
-    for gaining nothing is held on the newcomer's first few windows: where the placeholder
-    satisfies it only within that noise, its maturing curve tips the balance a few seconds
-    later, and the plan is made then, as a change of its own. On seeded random mix 2 a 4-GPU newcomer needing 0.65 cores by 3 windows,
-    0.66 by its placeholder weight, had its first plan held and made 2.6 s later at 0.78 (8
-    windows): 5.0-5.5 s after the departure before it in two of four repeats. Only a plan that
-    satisfies the newcomer: that weight stays right if its curve turns out cheaper. Making every
-    young curve dearer made marginal plans of every kind at the first step of the simulated
-    2-core phase mixes, and one (4 jobs, seed 14) starved a 1-GPU job it had held fed: 1.070x
-    -> 0.980x ``static``."""
+    dearer by one standard deviation of their counting noise; () otherwise.
+
+    A first plan held for gaining nothing is held on the newcomer's first few windows: where
+    the placeholder satisfies it only within that noise, its maturing curve tips the balance a
+    few seconds later, and the plan is made then, as a change of its own. On seeded random mix
+    2 a 4-GPU newcomer needing 0.65 cores by 3 windows, 0.66 by its placeholder weight, had its
+    first plan held and made 2.6 s later at 0.78 (8 windows): 5.0-5.5 s after the departure
+    before it in two of four repeats. Only a plan that satisfies the newcomer: that weight stays
+    right if its curve turns out cheaper. Making every young curve dearer made marginal plans of
+    every kind at the first step of the simulated 2-core phase mixes, and one (4 jobs, seed 14)
+    starved a 1-GPU job it had held fed: 1.070x -> 0.980x ``static``."""
     dearer = {
         job.job_id: scaled(models[job.job_id], math.exp(-1.0 / math.sqrt(max(1.0, job.curve_batches))))
         for job in jobs
