@@ -59,7 +59,7 @@ from controller.policies.base import Allocation, JobAllocation, JobView, NodeRes
 from controller.policies.completion import weighted_completion_s
 from controller.policies.outgrown import followed, outgrowth
 from controller.policies.ranks import at_node_rate, ranks_behind, run_lengths, unknown_as_longest
-from controller.policies.worth import alike_curves, counted_batches, pool_equal_worth, scaled, young_curve
+from controller.policies.worth import alike_curves, counted_batches, pool_equal_worth, young_curve
 from controller.policies.shares import (
     SATISFIED,
     SATISFIED_WEIGHT,
@@ -273,11 +273,11 @@ class AdaptivePolicy:
             return False  # a job arrived, the previous policy set other kinds of limits, or weights stopped acting
         if any((a.read_bps is None) != (target[job_id].read_bps is None) for job_id, a in current.items()):
             return False  # reads became contended (throttles go on) or stopped being (they come off)
-        now = predicted_objective(node, jobs, models, weights, current)
-        gain = predicted_objective(node, jobs, models, weights, target) - now
-        threshold = self.first_plan_gain if _plan_anew(jobs) else self.gain_threshold
+        now, gain = _predicted_gain(node, jobs, models, weights, current, target)
+        anew = _plan_anew(jobs)
+        threshold = self.first_plan_gain if anew else self.gain_threshold
         small_gain = gain <= now * threshold + 1e-9
-        if small_gain and _plan_anew(jobs):
+        if small_gain and anew:
             if within_noise := _newcomers_satisfied_within_noise(node, jobs, models, weights, current, target,
                                                                   threshold):
                 log.info("%s: makes the first plan of %s though it gains only %+.1f%% of predicted rate: the "
@@ -287,7 +287,7 @@ class AdaptivePolicy:
                 small_gain = False
         evens = _evens_outgrown(node, jobs, models, current, target, equals, outgrown)
         if small_gain and not evens:
-            if _plan_anew(jobs):
+            if anew:
                 log.debug("%s: keeps the current allocation at a first plan or departure: the plan gains %+.1f%% "
                           "of predicted rate, under the %.0f%% bar; the plan: %s", self.name,
                           100 * gain / max(now, 1e-12), 100 * threshold, _planned(jobs, models, weights, target))
@@ -542,18 +542,24 @@ def _newcomers_satisfied_within_noise(node: NodeResources, jobs: Sequence[JobVie
     every kind at the first step of the simulated 2-core phase mixes, and one (4 jobs, seed 14)
     starved a 1-GPU job it had held fed: 1.070x -> 0.980x ``static``."""
     dearer = {
-        job.job_id: scaled(models[job.job_id], math.exp(-1.0 / math.sqrt(max(1.0, job.curve_batches))))
+        job.job_id: models[job.job_id].dearer(math.exp(1.0 / math.sqrt(max(1.0, job.curve_batches))))
         for job in jobs
         if job.newly_modelled and job.job_id in models and young_curve(job) and job.curve_batches is not None
         and _satisfied_weight(target[job.job_id]) and not _satisfied_weight(current[job.job_id])
     }
     if not dearer:
         return ()
-    models = {**models, **dearer}
-    now = predicted_objective(node, jobs, models, weights, current)
-    if predicted_objective(node, jobs, models, weights, target) - now <= now * threshold + 1e-9:
+    now, gain = _predicted_gain(node, jobs, {**models, **dearer}, weights, current, target)
+    if gain <= now * threshold + 1e-9:
         return ()
     return tuple(job.name for job in jobs if job.job_id in dearer)
+
+
+def _predicted_gain(node: NodeResources, jobs: Sequence[JobView], models: Mapping[str, JobModel],
+                    weights: Mapping[str, float], current: Allocation, target: Allocation) -> tuple[float, float]:
+    """The objective ``models`` predict for ``current``, and how much more they predict for ``target``."""
+    now = predicted_objective(node, jobs, models, weights, current)
+    return now, predicted_objective(node, jobs, models, weights, target) - now
 
 
 def _satisfied_weight(allocation: JobAllocation) -> bool:
