@@ -297,3 +297,29 @@ def test_the_random_summary_judges_every_mix_by_the_issue_goals() -> None:
     assert goals["slowest_settle_s"] == {"value": 6.5, "bar": "<= 5", "met": False}
     assert (summary["mixes_done"], summary["mixes_planned"]) == (3, 20)
     assert sum("MISSED" in line for line in summary["verdicts"]) == 3
+
+
+def test_the_phase_goal_is_judged_against_the_best_static_split_that_ran_even_where_it_is_not_the_oracles() -> None:
+    from bench.node import goal_lines, goals
+
+    phased_mix = load_mix(MIXES_DIR / "crossing_pair_sharp.json").to_dict()
+
+    def document(**busy: float) -> dict:
+        return {"mix": phased_mix, "policies": {name: {"gpu_busy": value, "settle_s": 0.0} for name, value in busy.items()},
+                "ratios": {"adaptive": {f"vs_{name}": {"gpu_busy": busy["adaptive"] / value}
+                                        for name, value in busy.items() if name != "adaptive"}}}
+
+    # the node's run of 2026-11-28: even's placement beat the searched split
+    judged = goals(document(static=0.380, even=0.453, adaptive=0.405, oracle=0.378))
+    assert judged["adaptive_vs_oracle_gpu_busy"]["met"]
+    assert judged["adaptive_vs_best_static_split_gpu_busy"] == {
+        "value": pytest.approx(0.405 / 0.453), "bar": ">= 1.05", "met": False, "against": "even"}
+    lines = goal_lines({"goals": judged})
+    assert any(line.startswith("goal adaptive_vs_best_static_split_gpu_busy (even): 0.894") and line.endswith("MISSED")
+               for line in lines)
+    # where the search is the best, the two goals agree
+    judged = goals(document(static=0.30, even=0.32, adaptive=0.40, oracle=0.36))
+    assert judged["adaptive_vs_best_static_split_gpu_busy"]["against"] == "oracle"
+    assert judged["adaptive_vs_best_static_split_gpu_busy"]["value"] == pytest.approx(0.40 / 0.36)
+    # no oracle in the run, no best static split to judge against
+    assert "adaptive_vs_best_static_split_gpu_busy" not in goals(document(static=0.3, even=0.3, adaptive=0.4))
