@@ -315,8 +315,8 @@ def test_the_phase_goal_is_judged_against_the_best_static_split_that_ran_even_wh
     assert judged["adaptive_vs_best_static_split_gpu_busy"] == {
         "value": pytest.approx(0.405 / 0.453), "bar": ">= 1.05", "met": False, "against": "even"}
     lines = goal_lines({"goals": judged})
-    assert any(line.startswith("goal adaptive_vs_best_static_split_gpu_busy (even): 0.894") and line.endswith("MISSED")
-               for line in lines)
+    assert any(line.startswith("goal adaptive_vs_best_static_split_gpu_busy (even): 0.894")
+               and line.endswith("MISSED") for line in lines)
     # where the search is the best, the two goals agree
     judged = goals(document(static=0.30, even=0.32, adaptive=0.40, oracle=0.36))
     assert judged["adaptive_vs_best_static_split_gpu_busy"]["against"] == "oracle"
