@@ -37,7 +37,7 @@ from adloader.errors import AdloaderError
 from bench.controller_process import (
     CGROUP_ROOT, HIERARCHIES, REPO, ControllerProcess, JobProcess, cgroup_of, poll, remove_group,
 )
-from controller.backends.cgroupfs import read_pid_list, write_interface
+from controller.backends.cgroupfs import group_gone, read_pid_list, write_interface
 from controller.snapshot import NodeSnapshot
 
 JOB_MODULE = "reliability.job"
@@ -295,8 +295,12 @@ class Node:
             try:
                 quota = int((group_dirs["cpu"] / job.job_id / "cpu.cfs_quota_us").read_text())
                 cpus = (group_dirs["cpuset"] / job.job_id / "cpuset.cpus").read_text().strip()
-            except (FileNotFoundError, ValueError):
-                continue  # reported above as a missing group
+            except ValueError:
+                continue  # a value read half-written
+            except OSError as exc:
+                if not group_gone(exc):
+                    raise
+                continue  # reported above as a missing group, or removed as it was read (the job departed)
             if quota != (-1 if job.cores is None else round(job.cores * 100_000)):
                 found.append(f"job {job.job_id}: kernel quota {quota} us, not the {job.cores} cores the controller "
                              "reports: its limits were not restored")

@@ -11,7 +11,7 @@ import pytest
 from controller.backends.base import BackendError
 from controller.backends.blockdev import read_device_of
 from controller.backends.cgroup_v1 import CgroupV1Backend
-from controller.backends.cgroupfs import drain_and_rmdir, read_pid_list, write_interface
+from controller.backends.cgroupfs import drain_and_rmdir, group_gone, read_pid_list, write_interface
 from fixtures.cgroup_v1 import HIERARCHIES, ROOT, needs_v1, remove_group, unique_group
 from fixtures.processes import (  # noqa: F401
     BUSY, FORK_ON_GO, SLEEP, Children, children, fork_after_go, throttled_read_seconds,
@@ -95,6 +95,23 @@ def test_release_lifts_every_limit_but_keeps_the_group(backend: CgroupV1Backend,
     assert _read(backend, "cpuset", "job-a", "cpuset.cpus") == _read(backend, "cpuset", None, "cpuset.cpus")
     assert _read(backend, "blkio", "job-a", "blkio.throttle.read_bps_device") == ""
     assert backend.pids("job-a") == {sleeper.pid}
+
+
+def test_a_group_removed_under_a_reader_reads_as_gone(backend: CgroupV1Backend) -> None:
+    """The kernel answers a read of a removed group's file with ENODEV when the file was opened
+    before the rmdir (a job departing while its limits are read), ENOENT after: both are the
+    group gone, and its pid list is empty (the reliability checker once failed on the first)."""
+    backend.create("job-a")
+    procs = ROOT / "cpu" / backend.group / "job-a" / "cgroup.procs"
+    with procs.open() as opened:
+        backend.remove("job-a")
+        with pytest.raises(OSError) as removed_while_open:
+            opened.read()
+    with pytest.raises(OSError) as removed:
+        procs.read_text()
+    assert group_gone(removed_while_open.value) and group_gone(removed.value)
+    assert not group_gone(PermissionError(13, "Permission denied"))
+    assert read_pid_list(procs) == set()
 
 
 def test_remove_moves_live_pids_back_where_they_came_from_and_is_idempotent(

@@ -180,12 +180,21 @@ def read_interface(path: Path, action: str) -> str:
         return path.read_text()
 
 
+def group_gone(exc: OSError) -> bool:
+    """True when reading a group's file failed because the group is gone: ENOENT once it is
+    removed, ENODEV when it was removed between the file's open and its read (as a job departs
+    while another process reads its limits)."""
+    return exc.errno in (errno.ENOENT, errno.ENODEV)
+
+
 def read_pid_list(path: Path) -> set[int]:
     """Pids listed in a cgroup.procs file; an empty set if the group is gone."""
     try:
         return {int(line) for line in path.read_text().split()}
-    except FileNotFoundError:
-        return set()
+    except OSError as exc:
+        if group_gone(exc):
+            return set()
+        raise
 
 
 def job_from_proc_cgroup(proc: Path, pid: int, group: str, hierarchy: str) -> str | None:
