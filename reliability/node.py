@@ -296,7 +296,7 @@ class Node:
                 quota = int((group_dirs["cpu"] / job.job_id / "cpu.cfs_quota_us").read_text())
                 cpus = (group_dirs["cpuset"] / job.job_id / "cpuset.cpus").read_text().strip()
             except ValueError:
-                continue  # a value read half-written
+                continue  # not a number: judged again at the next poll
             except OSError as exc:
                 if not group_gone(exc):
                     raise
