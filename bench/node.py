@@ -310,11 +310,12 @@ def best_static_split(policies: dict[str, dict[str, Any]]) -> str | None:
 
 
 def goal_lines(document: dict[str, Any]) -> list[str]:
-    return [
-        f"goal {name}{' (' + g['against'] + ')' if 'against' in g else ''}: {g['value']:.3f} (bar {g['bar']}) "
-        f"{'met' if g['met'] else 'MISSED'}"
-        for name, g in document["goals"].items()
-    ]
+    """One line a goal: its name, the baseline it was judged against where it names one, value, bar, verdict."""
+    lines = []
+    for name, g in document["goals"].items():
+        against = f" ({g['against']})" if "against" in g else ""
+        lines.append(f"goal {name}{against}: {g['value']:.3f} (bar {g['bar']}) {'met' if g['met'] else 'MISSED'}")
+    return lines
 
 
 RANDOM_GOALS: tuple[tuple[str, str, float, bool], ...] = (

@@ -299,15 +299,15 @@ def test_the_random_summary_judges_every_mix_by_the_issue_goals() -> None:
     assert sum("MISSED" in line for line in summary["verdicts"]) == 3
 
 
-def test_the_phase_goal_is_judged_against_the_best_static_split_that_ran_even_where_it_is_not_the_oracles() -> None:
+def test_the_phase_goal_is_judged_against_the_best_static_split_that_ran_too() -> None:
     from bench.node import goal_lines, goals
 
     phased_mix = load_mix(MIXES_DIR / "crossing_pair_sharp.json").to_dict()
 
     def document(**busy: float) -> dict:
-        return {"mix": phased_mix, "policies": {name: {"gpu_busy": value, "settle_s": 0.0} for name, value in busy.items()},
-                "ratios": {"adaptive": {f"vs_{name}": {"gpu_busy": busy["adaptive"] / value}
-                                        for name, value in busy.items() if name != "adaptive"}}}
+        policies = {name: {"gpu_busy": value, "settle_s": 0.0} for name, value in busy.items()}
+        versus = {f"vs_{name}": {"gpu_busy": busy["adaptive"] / value} for name, value in busy.items() if name != "adaptive"}
+        return {"mix": phased_mix, "policies": policies, "ratios": {"adaptive": versus}}
 
     # the node's run of 2026-11-28: even's placement beat the searched split
     judged = goals(document(static=0.380, even=0.453, adaptive=0.405, oracle=0.378))
