@@ -306,7 +306,8 @@ def test_the_phase_goal_is_judged_against_the_best_static_split_that_ran_too() -
 
     def document(**busy: float) -> dict:
         policies = {name: {"gpu_busy": value, "settle_s": 0.0} for name, value in busy.items()}
-        versus = {f"vs_{name}": {"gpu_busy": busy["adaptive"] / value} for name, value in busy.items() if name != "adaptive"}
+        versus = {f"vs_{name}": {"gpu_busy": busy["adaptive"] / value}
+                  for name, value in busy.items() if name != "adaptive"}
         return {"mix": phased_mix, "policies": policies, "ratios": {"adaptive": versus}}
 
     # the node's run of 2026-11-28: even's placement beat the searched split
