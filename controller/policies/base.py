@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Protocol, Sequence
 
 from adloader.errors import AdloaderError
+from controller.policies.pending import PendingJob
 
 
 class PolicyError(AdloaderError):
@@ -30,6 +31,8 @@ class NodeResources:
     min_cores_per_job: float = 0.1
     """Floor: every job keeps at least this CPU quota, whatever the policy decides."""
     max_workers_per_job: int = 32
+    pending: tuple[PendingJob, ...] | None = None
+    """Jobs waiting for this node's GPUs (controller --pending); None: no queue is watched."""
 
     @property
     def cores(self) -> float:
