@@ -90,6 +90,11 @@ class Report(Message):
     features: dict[str, float] | None = None
     """The job's model features (``adloader.describe_model``), sent with its reports until
     the controller has answered one: it predicts M from them when the launcher had none."""
+    unmanaged_reason: str | None = None
+    """Set when no loader of this rank is adloader's, in words the user reads in ``adloader
+    status`` ("loader fell back to torch's (in_order=False)"): the rank still reports, so the
+    controller knows it is alive and why it is unmanaged; its counters are not a loader's and
+    are not used. None: the rank's loaders are managed."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +139,9 @@ class Target(Message):
 
     TYPE: ClassVar[str] = "target"
     num_workers: int | None = None
+    reason: str | None = None
+    """Why the target is what it is, in words the job prints when it is fewer workers than it
+    asked for ("the policy adaptive plans 1.3 cores for this job"); None: no reason given."""
 
 
 @dataclass(frozen=True)
@@ -146,7 +154,9 @@ class JobSnapshot:
     uid: int
     gpus: int
     state: str
-    """"starting" (registered, no report yet), "running", or "gone" (being removed)."""
+    """"starting" (registered, no loader report yet, within the controller's grace period),
+    "running" (a loader of the job reports), "unmanaged" (none does: ``unmanaged_reason`` says
+    why), or "gone" (being removed)."""
     launcher_pid: int
     pids: tuple[int, ...]
     cgroup: str
@@ -212,6 +222,10 @@ class JobSnapshot:
     read_bytes_total: int = 0
     cpu_seconds_total: float = 0.0
     """CPU time of the whole cgroup (cpuacct / cpu.stat)."""
+    unmanaged_reason: str | None = None
+    """Why no loader of the job is managed, in words (set when ``state`` is "unmanaged")."""
+    cores_used: float | None = None
+    """Cores the job's group used over the last window (what an unmanaged job's CPU share is based on)."""
 
 
 @dataclass(frozen=True)
