@@ -3,6 +3,11 @@
 Each subcommand lives in its own module exposing ``configure(parser)`` (adds its
 arguments) and ``main(args) -> int``. Only the chosen module is imported, so
 ``adloader --help`` imports neither torch nor the controller.
+
+Usage errors are reported here, in one place, as one plain line: argparse's own
+(a bad option value) and any :class:`AdloaderError` a subcommand's ``main`` raises
+(a bad CPU list, an unreadable mix). The line names the command, says what is wrong
+and what to do, and carries no timestamp or module name.
 """
 from __future__ import annotations
 
@@ -10,9 +15,10 @@ import argparse
 import importlib
 import logging
 import sys
-from typing import Sequence
+from typing import NoReturn, Sequence
 
 from adloader import __version__
+from adloader.errors import AdloaderError
 
 # name -> (module, one-line help). Order is the order shown in --help.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -24,9 +30,49 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "model": ("throughput_model.cli", "profile, fit, evaluate and query the throughput model"),
 }
 
+DAEMONS = frozenset({"controller"})
+"""Commands whose log is read later (journald, a file): each line keeps its time, level and module.
+The others talk to the person at the terminal: their lines start with the command's name."""
+
+EXIT_USAGE = 2
+
+
+class CommandLineParser(argparse.ArgumentParser):
+    """argparse's parser, except that a usage error is one line: what is wrong, and where the help is."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see '{self.prog} --help')\n")
+
+
+class TerminalFormatter(logging.Formatter):
+    """``adloader run: warning: no controller ...``: the command's name, the level when it is a
+    warning or worse, the message. Tracebacks are kept (they are for bugs, not usage errors)."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__()
+        self.prog = prog
+
+    def format(self, record: logging.LogRecord) -> str:
+        level = f"{record.levelname.lower()}: " if record.levelno >= logging.WARNING else ""
+        text = f"{self.prog}: {level}{record.getMessage()}"
+        if record.exc_info:
+            text += "\n" + self.formatException(record.exc_info)
+        return text
+
+
+def configure_logging(command: str, level: str) -> None:
+    """A daemon logs with timestamps and module names; a terminal command (and any command at DEBUG)
+    logs plain lines that start with its name."""
+    handler = logging.StreamHandler(sys.stderr)
+    if command in DAEMONS or level == "DEBUG":
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    else:
+        handler.setFormatter(TerminalFormatter(f"adloader {command}"))
+    logging.basicConfig(level=getattr(logging, level), handlers=[handler])
+
 
 def _top_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandLineParser(
         prog="adloader",
         usage="adloader [--version] [--log-level LEVEL] COMMAND [ARGS...]",
         description="Keeps a shared GPU node's GPUs busy: moves CPU cores, read bandwidth and "
@@ -67,20 +113,21 @@ def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Parse the command line, configure logging once, and run the chosen subcommand."""
+    """Parse the command line, configure logging once, and run the chosen subcommand.
+    An AdloaderError out of the subcommand is a usage error: one line, exit status 2."""
     head, rest = split_command(sys.argv[1:] if argv is None else argv)
     top = _top_parser().parse_args(head)
-    logging.basicConfig(
-        level=getattr(logging, top.log_level),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    configure_logging(top.command, top.log_level)
+    prog = f"adloader {top.command}"
     module_name, help_ = SUBCOMMANDS[top.command]
     module = importlib.import_module(module_name)
-    sub = argparse.ArgumentParser(prog=f"adloader {top.command}", description=help_)
+    sub = CommandLineParser(prog=prog, description=help_)
     module.configure(sub)
     args = sub.parse_args(rest)
     try:
         return int(module.main(args) or 0)
+    except AdloaderError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         return 130

@@ -63,3 +63,15 @@ def online_cpus(root: Path = Path("/sys/devices/system/cpu")) -> tuple[int, ...]
         return parse_cpus((root / "online").read_text())
     except (OSError, CpuSpecError):
         return tuple(sorted(os.sched_getaffinity(0)))
+
+
+def online_subset(spec: str, option: str, root: Path = Path("/sys/devices/system/cpu")) -> tuple[int, ...]:
+    """``spec`` parsed, each CPU online. Raises CpuSpecError naming ``option`` and the CPUs that are online."""
+    cpus = parse_cpus(spec)
+    online = online_cpus(root)
+    missing = sorted(set(cpus) - set(online))
+    if missing:
+        raise CpuSpecError(f"{option} {spec} names CPUs that are not online ({format_cpus(missing)}): "
+                           f"this node's online CPUs are {format_cpus(online)}; give a list of those, "
+                           f"e.g. {option} {format_cpus(online)}")
+    return cpus

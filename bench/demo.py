@@ -10,20 +10,16 @@ About two and a half minutes on two cores.
 from __future__ import annotations
 
 import argparse
-import logging
 import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
-from adloader.errors import AdloaderError
 from adloader.status import cores_text, effective_cores
 from bench import report
 from bench.mix import DEFAULT_MIX, load_mix
 from bench.node import CACHE_DIR, QUICK_SCALE, benchmark, goal_lines, node_setup
 from bench.runner import JobOutcome
-
-log = logging.getLogger(__name__)
 
 POLICIES = ("even", "adaptive")
 QUICK_DEMO_SCALE = 0.1
@@ -43,14 +39,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        return _demo(args)
-    except AdloaderError as exc:
-        log.error("%s", exc)
-        return 2
-
-
-def _demo(args: argparse.Namespace) -> int:
+    """A bad mix or no cgroups: an AdloaderError, which the dispatcher reports in one line."""
     scale = args.scale if args.scale is not None else QUICK_DEMO_SCALE if args.quick else QUICK_SCALE
     mix = load_mix(args.mix).scaled(scale)
     node = node_setup(mix, "0-1", None, CACHE_DIR)  # the controller's default periods

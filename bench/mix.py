@@ -142,12 +142,13 @@ _JOB_RANGES: dict[str, tuple[float, float]] = {
 def load_mix(path: str | Path) -> Mix:
     """Read and validate a mix file. Raises MixError listing every problem."""
     path = Path(path)
+    examples = f"the shipped mixes in {MIXES_DIR} show the format (e.g. {DEFAULT_MIX.name})"
     try:
         data = json.loads(path.read_text())
     except OSError as exc:
-        raise MixError(f"cannot read mix {path}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise MixError(f"mix {path} is not JSON: {exc}") from None
+        raise MixError(f"cannot read mix {path}: {exc.strerror or exc}; {examples}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise MixError(f"mix {path} is not JSON ({exc}); {examples}") from None
     return mix_from_dict(data, where=str(path))
 
 

@@ -10,19 +10,16 @@ bench/report.py). ``--random N`` runs N seeded random mixes instead of one file.
 from __future__ import annotations
 
 import argparse
-import logging
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from adloader.errors import AdloaderError
+from adloader.cpuspec import online_subset
 from bench import machine, report
 from bench.mix import DEFAULT_MIX, PREDICTION_MIX, Mix, load_mix, mix_from_dict, random_mix
 from bench.runner import JobOutcome, NodeSetup, Progress, RunOutcome, run_policy, split_variant
-
-log = logging.getLogger(__name__)
 
 ALL_POLICIES = ("static", "even", "adaptive", "jct", "oracle")
 QUICK_POLICIES = ("even", "adaptive")
@@ -72,14 +69,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    try:
-        return _bench(args)
-    except AdloaderError as exc:  # a bad mix, no cgroups, a job that failed: say what, no traceback
-        log.error("%s", exc)
-        return 2
-
-
-def _bench(args: argparse.Namespace) -> int:
+    """A bad mix, no cgroups, a job that failed: an AdloaderError, which the dispatcher reports in one line."""
+    online_subset(args.cpus, "--cpus")  # before the datasets are made
     if args.prediction_start:
         return _prediction_start(args)
     quick = args.quick

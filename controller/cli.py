@@ -75,11 +75,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.remove_groups:
         return _remove_groups(args)
-    try:
-        controller = _build(args)
-    except AdloaderError as exc:
-        log.error("%s", exc)
-        return 2
+    controller = _build(args)  # a usage error (AdloaderError) is reported by the dispatcher, in one line
     return asyncio.run(_serve(controller))
 
 
@@ -105,7 +101,7 @@ def _remove_groups(args: argparse.Namespace) -> int:
 def _build(args: argparse.Namespace) -> Controller:
     """The configured controller (its modules are imported here, so --help stays light)."""
     from controller.backends.cgroupfs import parse_device
-    from adloader.cpuspec import CpuSpecError, online_cpus, parse_cpus
+    from adloader.cpuspec import online_subset
     from controller.daemon import Controller, ControllerConfig
 
     if (args.read_bps is None) != (args.read_device is None):
@@ -115,10 +111,7 @@ def _build(args: argparse.Namespace) -> Controller:
     if args.cpus is None:
         cpus = tuple(sorted(os.sched_getaffinity(0)))
     else:
-        cpus = parse_cpus(args.cpus)
-        missing = sorted(set(cpus) - set(online_cpus()))
-        if missing:
-            raise CpuSpecError(f"--cpus {args.cpus} names CPUs that are not online: {missing}")
+        cpus = online_subset(args.cpus, "--cpus")
     config = ControllerConfig(
         socket_path=args.socket or paths.default_socket_path(),
         state_dir=args.state_dir or paths.default_state_dir(),

@@ -3,15 +3,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import math
 import os
 from pathlib import Path
 
 from adloader import paths
 from adloader.errors import AdloaderError
-
-log = logging.getLogger(__name__)
 
 
 class LaunchError(AdloaderError):
@@ -50,20 +47,17 @@ def main(args: argparse.Namespace) -> int:
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
-    try:
-        if not command:
-            raise LaunchError("no command given: adloader run [OPTIONS] -- COMMAND...")
-        request = JobRequest(
-            command=tuple(command),
-            name=args.name or default_name(command),
-            gpus=args.gpus if args.gpus is not None else gpus_from_environment(os.environ),
-            num_workers=args.num_workers,
-            features=load_features(args.model_features) if args.model_features else None,
-            samples=args.samples,
-        )
-    except LaunchError as exc:
-        log.error("%s", exc)
-        return 2
+    if not command:
+        raise LaunchError("no command given: put the training command after --, "
+                          "e.g. adloader run -- torchrun --nproc-per-node 2 train.py")
+    request = JobRequest(
+        command=tuple(command),
+        name=args.name or default_name(command),
+        gpus=args.gpus if args.gpus is not None else gpus_from_environment(os.environ),
+        num_workers=args.num_workers,
+        features=load_features(args.model_features) if args.model_features else None,
+        samples=args.samples,
+    )
     return run_job(request, [args.socket] if args.socket else paths.client_socket_paths())
 
 

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from adloader.cpuspec import CpuSpecError, format_cpus, online_cpus, parse_cpus
+from adloader.cpuspec import CpuSpecError, format_cpus, online_cpus, online_subset, parse_cpus
 
 
 def test_parse_and_format_examples() -> None:
@@ -40,3 +40,12 @@ def test_online_cpus_reads_sysfs_or_falls_back_to_affinity(tmp_path: Path) -> No
     (tmp_path / "online").write_text("0-2,4\n")
     assert online_cpus(tmp_path) == (0, 1, 2, 4)
     assert online_cpus(tmp_path / "missing") == tuple(sorted(os.sched_getaffinity(0)))
+
+
+def test_an_offline_cpu_is_refused_with_the_online_ones_to_choose_from(tmp_path: Path) -> None:
+    (tmp_path / "online").write_text("0-3\n")
+    assert online_subset("1-2", "--cpus", tmp_path) == (1, 2)
+    with pytest.raises(CpuSpecError) as refused:
+        online_subset("2-5", "--cpus", tmp_path)
+    assert str(refused.value) == ("--cpus 2-5 names CPUs that are not online (4-5): this node's online CPUs are "
+                                  "0-3; give a list of those, e.g. --cpus 0-3")
