@@ -40,6 +40,8 @@ from controller.policies import JobAllocation, NodeResources, PolicyError, make_
 from controller.priors import JobFinishedHook, Predictor, Recall
 from controller.registry import Job, Registry
 from controller.safety_net import SafetyNet
+from controller.target_reason import target_reason
+from controller.unmanaged import DEFAULT_GRACE_S
 from controller.server import Connection, ControlServer, RequestRefused
 from controller.snapshot import JobSnapshot, NodeSnapshot
 from controller.state import STATE_VERSION, ControllerState, PersistedJob, StateStore, StateWriteError
@@ -85,6 +87,9 @@ class ControllerConfig:
     training_processes: str = "apart"
     """"apart": ranks whose loaders run workers leave their job's CPU group (training_processes.py);
     "with-loaders": every process of a job stays in it."""
+    unmanaged_after_s: float = DEFAULT_GRACE_S
+    """Seconds a job may run without a loader report before status calls it unmanaged
+    (controller/unmanaged.py); its launcher then warns in the job's output."""
 
 
 class Controller:
@@ -106,7 +111,7 @@ class Controller:
         self.backend = backend or detect_backend(config.backend, config.group, config.cgroup_root, config.proc)
         self.node = NodeResources(cpus=config.cpus, read_bps=config.read_bps, read_device=config.read_device)
         self.registry = Registry(window_s=config.window_s, predictor=predictor, on_job_finished=on_job_finished,
-                                 recall=recall, clock=clock)
+                                 recall=recall, clock=clock, unmanaged_after_s=config.unmanaged_after_s)
         self.store = StateStore(config.state_dir)
         self.ownership = Ownership(config.lock_dir, config.group, config.state_dir)
         self.training = TrainingProcesses(self.backend, proc=config.proc, mode=config.training_processes)
@@ -387,7 +392,11 @@ class Controller:
             connection.verified_jobs.add(job.job_id)
         self.registry.record_report(job.job_id, message)
         self.training.reported(job.job_id, connection.peer.pid, message.num_workers, message.batches)
-        return protocol.Target(num_workers=self.loop.allocations.get(job.job_id).wanted.workers)
+        wanted = self.loop.allocations.get(job.job_id).wanted
+        memory = self.loop.worker_memory
+        reason = target_reason(self.loop.policy.name, wanted, job.measurement.ranks,
+                               memory.workers_limit(job.job_id) if memory is not None else None)
+        return protocol.Target(num_workers=wanted.workers, reason=reason)
 
     def _end(self, message: protocol.End, connection: Connection) -> protocol.Message:
         job = self._known_job(message.job_id)

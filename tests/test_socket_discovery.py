@@ -85,7 +85,7 @@ def test_run_socket_option_reaches_a_controller_on_another_path(
     assert result.returncode == 0, result.stderr
     socket_path, job_id = result.stdout.split()
     assert socket_path == str(controller.socket) and job_id.startswith("j")
-    assert "WARNING" not in result.stderr
+    assert "warning:" not in result.stderr
 
 
 def test_an_unprivileged_users_plain_adloader_run_is_managed_by_the_root_controller(
@@ -113,7 +113,7 @@ def test_an_unprivileged_users_plain_adloader_run_is_managed_by_the_root_control
             code = _exit_code(launcher)
     assert code == 0, (tmp_path / "run.err").read_text()
     assert (tmp_path / "run.out").read_text() == f"socket={paths.SYSTEM_SOCKET} job={job.job_id}\n"
-    assert "WARNING" not in (tmp_path / "run.err").read_text()
+    assert "warning:" not in (tmp_path / "run.err").read_text()
     shutil.rmtree(shared)
 
 
