@@ -57,6 +57,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="apart (default): a rank whose loader runs workers leaves its job's CPU group, so the "
                         "job's weight and quota act on its loaders only and never delay its training steps; "
                         "with-loaders: every process of a job stays in its group")
+    parser.add_argument("--unmanaged-after", type=float, default=60.0, metavar="SECONDS",
+                        help="a job none of whose loaders has reported this long after it registered is shown "
+                        "unmanaged, with the reason, and its launcher warns in the job's output (default 60)")
     parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                         help="serve Prometheus metrics on this port (default/0: no exporter)")
     parser.add_argument("--device", default=None, metavar="NAME",
@@ -127,6 +130,7 @@ def _build(args: argparse.Namespace) -> Controller:
         metrics_address=args.metrics_address,
         memory_reserve=args.memory_reserve,
         training_processes=args.training_processes,
+        unmanaged_after_s=args.unmanaged_after,
     )
     if args.no_history:
         return Controller(config)

@@ -15,6 +15,7 @@ from controller.allocations import JobAllocations
 from controller.policies.base import JobAllocation, JobView
 from controller.priors import Recollection, first_known
 from controller.state import LearntModel, PersistedJob
+from controller.unmanaged import state_of
 
 if TYPE_CHECKING:
     from controller.registry import Job
@@ -49,7 +50,7 @@ def view_of(job: "Job", current: JobAllocation) -> JobView:
         steady_workers=job.measurement.steady_workers, loads_in_flight=job.measurement.rates.loads_in_flight,
         cores_used=job.measurement.cores_used, window_batches=job.measurement.rates.batches,
         remaining_samples=job.remaining,
-        length_samples=job.total_samples, current=current,
+        length_samples=job.total_samples, current=current, unmanaged=job.unmanaged_reason is not None,
     )
 
 
@@ -60,16 +61,12 @@ def snapshot_of(job: "Job", allocation: JobAllocations, pids: set[int]) -> JobSn
     model = learnt_model_of(job)
     max_tp = model.max_throughput or (job.predicted[0] if job.predicted else None)
     idle = None
-    if measured.rates.achieved is not None and max_tp:
+    if measured.rates.achieved is not None and max_tp and job.gpus > 0:  # no GPU, no GPU idle
         idle = min(1.0, max(0.0, 1.0 - measured.rates.achieved / max_tp))
-    if job.ended:
-        state = "gone"
-    elif latest:
-        state = "running"
-    else:
-        state = "starting"
+    state = state_of(job.ended, job.unmanaged_reason, bool(latest))
     applied = allocation.applied
-    workers = allocation.wanted.workers  # the loaders apply their worker target themselves
+    # The loaders apply their worker target themselves: an unmanaged job has none to apply it.
+    workers = None if job.unmanaged_reason is not None else allocation.wanted.workers
     return JobSnapshot(
         job_id=job.job_id, name=job.name, uid=job.uid, gpus=job.gpus, state=state,
         launcher_pid=job.launcher_pid, pids=tuple(sorted(pids)), cgroup=job.cgroup,
@@ -91,7 +88,8 @@ def snapshot_of(job: "Job", allocation: JobAllocations, pids: set[int]) -> JobSn
         loader_cpu_seconds_total=sum(r.worker_cpu_s for r in latest),
         loader_load_seconds_total=sum(r.worker_load_s for r in latest),
         read_bytes_total=sum(r.read_bytes for r in latest),
-        cpu_seconds_total=measured.cpu_seconds,
+        cpu_seconds_total=measured.cpu_seconds, unmanaged_reason=job.unmanaged_reason,
+        cores_used=measured.cores_used,
     )
 
 

@@ -23,6 +23,7 @@ from controller.policies.base import JobAllocation, JobView
 from controller.priors import JobFinishedHook, Prediction, Predictor, Recall, Recollection, predict
 from controller.projections import persisted_of, snapshot_of, view_of
 from controller.state import LearntModel, PersistedJob
+from controller.unmanaged import DEFAULT_GRACE_S, managed_ranks, unmanaged_reason
 from throughput_model.curves import LoadingCurveEstimator
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,11 @@ class Job:
     """(monotonic time, CPU seconds of the job's whole group) over the window."""
     measurement: Measurement = field(default_factory=Measurement)
     """What the last control step measured (:meth:`Registry.measure`)."""
+    watched_since: float = 0.0
+    """Monotonic time this controller registered or adopted the job: its grace period starts there."""
+    unmanaged_reason: str | None = None
+    """Why no loader of the job is managed, as the last control step found (controller/unmanaged.py);
+    None: managed, or still within its grace period."""
 
     @property
     def ended(self) -> bool:
@@ -96,8 +102,12 @@ class Registry:
         recall: Recall | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        unmanaged_after_s: float = DEFAULT_GRACE_S,
     ) -> None:
+        """``unmanaged_after_s``: the grace period after which a job none of whose loaders
+        reports is unmanaged (controller/unmanaged.py)."""
         self.window_s = window_s
+        self.unmanaged_after_s = unmanaged_after_s
         self._predictor = predictor
         self._on_job_finished = on_job_finished
         self._recall = recall
@@ -144,7 +154,7 @@ class Registry:
         job = Job(
             job_id=job_id, name=name, uid=uid, gpus=gpus, launcher_pid=launcher_pid, registered_at=now,
             arrival_s=now - self._started_wall, cgroup=cgroup, requested_workers=requested_workers,
-            features=features, total_samples=total_samples,
+            features=features, total_samples=total_samples, watched_since=self._clock(),
         )
         self._remember(job)
         job.predicted = self._predict(job)
@@ -175,7 +185,7 @@ class Registry:
             arrival_s=persisted.registered_at - self._started_wall, cgroup=persisted.cgroup,
             requested_workers=persisted.requested_workers, features=persisted.features,
             remaining_samples=persisted.remaining_samples, connected=False, adopted=True,
-            restored=persisted.model,
+            restored=persisted.model, watched_since=self._clock(),
         )
         job.loading_curve.resume(persisted.model.loading_observations)
         job.predicted = self._predict(job)
@@ -190,7 +200,7 @@ class Registry:
         if job is None:
             return None
         # A last measurement: the reports since the last step count (a job's final report comes at its exit).
-        job.measurement = measure(job.ranks, self._clock(), self.window_s, cpu_seconds, deque())
+        job.measurement = measure(managed_ranks(job.ranks), self._clock(), self.window_s, cpu_seconds, deque())
         final = snapshot_of(job, allocation or JobAllocations(), pids)
         if self._on_job_finished is not None:
             try:
@@ -234,12 +244,14 @@ class Registry:
         ``cpu_seconds``: each job's group CPU time (the backend's accounting), so the cores
         are what its group holds, which is what a quota limits (its loaders, and its training
         processes unless they were moved apart: :meth:`regrouped`); a job missing from it
-        counts its loader workers' CPU."""
+        counts its loader workers' CPU. Only managed ranks' reports are a loader's counters; a
+        job none of whose loaders reports past its grace period is found unmanaged here."""
         self.predict_pending()
         now = self._clock()
         for job in self:
             seconds = cpu_seconds.get(job.job_id) if cpu_seconds is not None else None
-            job.measurement = measure(job.ranks, now, self.window_s, seconds, job.cpu_samples)
+            job.unmanaged_reason = unmanaged_reason(job.ranks, now, job.watched_since, self.unmanaged_after_s)
+            job.measurement = measure(managed_ranks(job.ranks), now, self.window_s, seconds, job.cpu_samples)
             achieved, cores = job.measurement.rates.achieved, job.measurement.cores_used
             batches = sum(report.batches for report in job.measurement.latest)
             new_batches, job.batches_counted = max(0, batches - job.batches_counted), batches

@@ -10,7 +10,7 @@ from adloader.protocol import JobSnapshot, NodeSnapshot
 
 __all__ = ["ERROR_KINDS", "JOB_STATES", "REALLOCATION_REASONS", "JobSnapshot", "NodeSnapshot"]
 
-JOB_STATES: tuple[str, ...] = ("starting", "running", "gone")
+JOB_STATES: tuple[str, ...] = ("starting", "running", "unmanaged", "gone")
 REALLOCATION_REASONS: tuple[str, ...] = ("arrival", "departure", "gain", "policy_change", "adoption", "safety_net")
 ERROR_KINDS: tuple[str, ...] = (
     "too_long", "bad_encoding", "bad_json", "not_object", "bad_version", "unsupported_version",

@@ -133,6 +133,9 @@ class JobView:
     ("cpu_quota", "cpu_weight", "cpuset", "read_bps"); None: all of them (a bare node).
     CPU weights act only between jobs with the same parent cgroup: where they do not
     reach every job, a policy plans with quotas instead."""
+    unmanaged: bool = False
+    """No loader of the job reports (controller/unmanaged.py): it has no loading curve and no
+    workers to set; what it uses is its group's CPU (``cores_used``)."""
 
 
 def cpu_controlled(job: JobView) -> bool:
