@@ -57,9 +57,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="apart (default): a rank whose loader runs workers leaves its job's CPU group, so the "
                         "job's weight and quota act on its loaders only and never delay its training steps; "
                         "with-loaders: every process of a job stays in its group")
-    parser.add_argument("--unmanaged-after", type=float, default=60.0, metavar="SECONDS",
-                        help="a job none of whose loaders has reported this long after it registered is shown "
-                        "unmanaged, with the reason, and its launcher warns in the job's output (default 60)")
+    parser.add_argument("--pending", default=None, metavar="SOURCE",
+                        help="watch the jobs waiting for this node's GPUs, for the jct policy: 'slurm' (squeue, "
+                        "the partitions this node is in), 'slurm:PART,...', or a JSON file kept by another program "
+                        "(controller/pending_queue.py); default: none watched")
     parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                         help="serve Prometheus metrics on this port (default/0: no exporter)")
     parser.add_argument("--device", default=None, metavar="NAME",
@@ -78,7 +79,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.remove_groups:
         return _remove_groups(args)
-    controller = _build(args)  # a usage error (AdloaderError) is reported by the dispatcher, in one line
+    try:
+        controller = _build(args)
+    except AdloaderError as exc:
+        log.error("%s", exc)
+        return 2
     return asyncio.run(_serve(controller))
 
 
@@ -104,7 +109,7 @@ def _remove_groups(args: argparse.Namespace) -> int:
 def _build(args: argparse.Namespace) -> Controller:
     """The configured controller (its modules are imported here, so --help stays light)."""
     from controller.backends.cgroupfs import parse_device
-    from adloader.cpuspec import online_subset
+    from adloader.cpuspec import CpuSpecError, online_cpus, parse_cpus
     from controller.daemon import Controller, ControllerConfig
 
     if (args.read_bps is None) != (args.read_device is None):
@@ -114,7 +119,10 @@ def _build(args: argparse.Namespace) -> Controller:
     if args.cpus is None:
         cpus = tuple(sorted(os.sched_getaffinity(0)))
     else:
-        cpus = online_subset(args.cpus, "--cpus")
+        cpus = parse_cpus(args.cpus)
+        missing = sorted(set(cpus) - set(online_cpus()))
+        if missing:
+            raise CpuSpecError(f"--cpus {args.cpus} names CPUs that are not online: {missing}")
     config = ControllerConfig(
         socket_path=args.socket or paths.default_socket_path(),
         state_dir=args.state_dir or paths.default_state_dir(),
@@ -130,7 +138,7 @@ def _build(args: argparse.Namespace) -> Controller:
         metrics_address=args.metrics_address,
         memory_reserve=args.memory_reserve,
         training_processes=args.training_processes,
-        unmanaged_after_s=args.unmanaged_after,
+        pending=args.pending,
     )
     if args.no_history:
         return Controller(config)

@@ -36,6 +36,7 @@ from controller.ownership import Holder, Ownership
 from controller.training_processes import TrainingProcesses
 from controller.worker_memory import WorkerMemory
 from controller.peer import peer_belongs_to_job
+from controller.pending_queue import PendingQueue, queue_source
 from controller.policies import JobAllocation, NodeResources, PolicyError, make_policy, policy_names
 from controller.priors import JobFinishedHook, Predictor, Recall
 from controller.registry import Job, Registry
@@ -90,6 +91,9 @@ class ControllerConfig:
     unmanaged_after_s: float = DEFAULT_GRACE_S
     """Seconds a job may run without a loader report before status calls it unmanaged
     (controller/unmanaged.py); its launcher then warns in the job's output."""
+    pending: str | None = None
+    """Where the jobs waiting for this node's GPUs are read (controller/pending_queue.py: "slurm",
+    "slurm:PART,...", or a JSON file); None: no queue is watched."""
 
 
 class Controller:
@@ -110,6 +114,7 @@ class Controller:
         self.config = config
         self.backend = backend or detect_backend(config.backend, config.group, config.cgroup_root, config.proc)
         self.node = NodeResources(cpus=config.cpus, read_bps=config.read_bps, read_device=config.read_device)
+        self.pending = PendingQueue(queue_source(config.pending), clock=clock) if config.pending else None
         self.registry = Registry(window_s=config.window_s, predictor=predictor, on_job_finished=on_job_finished,
                                  recall=recall, clock=clock, unmanaged_after_s=config.unmanaged_after_s)
         self.store = StateStore(config.state_dir)
@@ -279,6 +284,8 @@ class Controller:
         events, self._events = self._events, set()
         if self._reap():
             events.add("departure")
+        if self.pending is not None:  # what waits for the node's GPUs, plain data in the policy's input
+            self.loop.node = replace(self.node, pending=self.pending.current())
         outcome = self.loop.step(self.registry, events)
         self._settling = outcome.settling
         if self.loop.allocations.dirty or events or self._model_checkpoint_due():

@@ -17,6 +17,7 @@ import pytest
 from controller.policies import Allocation, JobAllocation, JobView, NodeResources, PolicyError, make_policy, policy_names
 from controller.policies import lp
 from controller.policies.oracle import CURVES_VAR, OraclePolicy
+from controller.policies.pending import PendingJob
 from controller.policies.shares import (
     BURST_HEADROOM,
     PLAN_MARGIN,
@@ -29,6 +30,8 @@ from controller.policies.shares import (
 )
 
 NODE = NodeResources(cpus=(0, 1, 2, 3), read_bps=400e6, read_device="254:0")
+QUEUED = dataclasses.replace(NODE, pending=(PendingJob(name="waiting", gpus=1),))
+"""The same node with a job waiting for its GPUs: where ``jct`` ranks by remaining time."""
 
 
 def job(job_id: str, gpus: int = 1, m: float = 100.0, p: float | None = None, **fields: object) -> JobView:
@@ -363,9 +366,25 @@ def test_jct_serves_the_job_closest_to_finishing_first() -> None:
         job("short", m=400.0, p=0.01, remaining_samples=4_000.0),
         job("middle", m=400.0, p=0.01, remaining_samples=20_000.0),
     ]
-    allocation = make_policy("jct").allocate(NODE, jobs)
+    allocation = make_policy("jct").allocate(QUEUED, jobs)
     assert planned(allocation["short"]) == pytest.approx(NODE.cores - 2 * NODE.min_cores_per_job, abs=0.01)
     assert planned(allocation["long"]) == pytest.approx(NODE.min_cores_per_job, abs=0.01)
+
+
+def test_jct_where_no_job_waits_for_gpus_is_adaptive() -> None:
+    """Finishing a job sooner pays only where another waits for its GPUs (DESIGN.md, "Queues"):
+    with no queue watched, or one seen empty, jct plans as adaptive even where every job's
+    remaining work is known; with a job waiting it serves the shortest first."""
+    jobs = [job("long", m=400.0, p=0.01, remaining_samples=40_000.0, length_samples=40_000.0),
+            job("short", m=400.0, p=0.01, remaining_samples=4_000.0, length_samples=40_000.0),
+            job("middle", m=400.0, p=0.01, remaining_samples=20_000.0, length_samples=40_000.0)]
+    adaptive = make_policy("adaptive").allocate(NODE, jobs)
+    assert len({planned(a) for a in adaptive.values()}) == 1  # equal lengths: adaptive shares evenly
+    for node in (NODE, dataclasses.replace(NODE, pending=())):
+        assert make_policy("jct").allocate(node, jobs) == adaptive
+    queued = make_policy("jct").allocate(QUEUED, jobs)
+    assert planned(queued["short"]) == pytest.approx(NODE.cores - 2 * NODE.min_cores_per_job, abs=0.01)
+    assert planned(queued["long"]) == pytest.approx(NODE.min_cores_per_job, abs=0.01)
 
 
 def test_adaptive_serves_first_the_job_clearly_shortest_per_gpu() -> None:
@@ -452,7 +471,7 @@ def test_jct_holds_its_plan_as_the_shortest_job_nears_its_end_and_shares_between
         jobs = [job("short", m=400.0, p=0.01, remaining_samples=short),  # needs more than the node
                 job("cheap", m=400.0, p=0.0005, remaining_samples=cheap),  # a fifth of a core does
                 job("long", m=400.0, p=0.01, remaining_samples=long)]
-        return policy.allocate(NODE, jobs)
+        return policy.allocate(QUEUED, jobs)
 
     early = plan(short=8_000.0, cheap=16_000.0, long=60_000.0)  # 20 s, 40 s and 150 s left
     # 19 s later: with 1/R weights the cheap job, 39 s from its end, would now weigh 1/39 of
@@ -463,7 +482,7 @@ def test_jct_holds_its_plan_as_the_shortest_job_nears_its_end_and_shares_between
     jobs = [job("short", m=400.0, p=0.01, remaining_samples=20_000.0),  # 50 s at full speed
             job("middle", m=400.0, p=0.01, remaining_samples=26_000.0),  # 65 s: within 1.5x of 50 s
             job("long", m=400.0, p=0.01, remaining_samples=60_000.0)]  # 150 s: behind both
-    weights = policy.weights(NODE, jobs, {j.job_id: model for j in jobs if (model := model_of(j)) is not None})
+    weights = policy.weights(QUEUED, jobs, {j.job_id: model for j in jobs if (model := model_of(j)) is not None})
     assert weights["short"] == weights["middle"] > weights["long"]
 
 
@@ -479,7 +498,7 @@ def test_jct_ranks_by_the_work_left_at_the_last_arrival_or_departure_not_as_jobs
         jobs = [job(name, m=400.0, p=0.01, remaining_samples=left,
                     remaining_at_event_samples=None if at_event is None else at_event[i])
                 for i, (name, left) in enumerate(zip(("a", "b"), now))]
-        return policy.allocate(NODE, jobs)
+        return policy.allocate(QUEUED, jobs)
 
     shared = plan((20_000.0, 26_000.0), (20_000.0, 26_000.0))
     assert shared["a"] == shared["b"]
