@@ -21,10 +21,11 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from adloader import env, protocol
 from adloader.client import ControllerClient, connect_first
@@ -35,6 +36,10 @@ log = logging.getLogger(__name__)
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 SI_KERNEL = 0x80
 """siginfo si_code of a signal the kernel sent itself (the terminal's Ctrl-C, Ctrl-\\, hangup)."""
+UNMANAGED_CHECK_S = 2.0
+"""How often the launcher asks the controller about its job until a loader of the job has
+reported or the controller calls it unmanaged (after its grace: ``adloader controller
+--unmanaged-after``)."""
 EXIT_NOT_FOUND = 127
 EXIT_NOT_EXECUTABLE = 126
 
@@ -123,6 +128,45 @@ def register(request: JobRequest, socket_paths: Sequence[str | Path]) -> Managed
     return ManagedJob(client, reply.job_id, client.path)
 
 
+class UnmanagedWatch:
+    """Asks the controller, over the launcher's registration connection, whether a loader of the
+    job has reported yet, every ``every`` seconds, and warns once in the job's own output (the
+    launcher's stderr) when the controller calls the job unmanaged: a job whose loading adloader
+    does not plan must not pass for a managed one. Stops asking once the job's state is settled
+    either way, or the controller no longer answers."""
+
+    def __init__(self, client: ControllerClient, job_id: str, every: float = UNMANAGED_CHECK_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.client = client
+        self.job_id = job_id
+        self.every = every
+        self._clock = clock
+        self._next_at: float | None = clock() + every
+
+    def timeout(self) -> float | None:
+        """Seconds until the next question (None: no more questions)."""
+        return None if self._next_at is None else max(0.0, self._next_at - self._clock())
+
+    def check(self) -> None:
+        """Ask once; warn if the job is unmanaged; schedule the next question while it is starting."""
+        self._next_at = None
+        try:
+            reply = self.client.request(protocol.StatusRequest())
+        except (ControllerUnavailable, ControllerRefused) as exc:
+            log.debug("could not ask the controller about job %s: %s", self.job_id, exc)
+            return
+        job = next((j for j in reply.node.jobs if j.job_id == self.job_id), None) \
+            if isinstance(reply, protocol.Status) else None
+        if job is None:
+            return
+        if job.state == "unmanaged":
+            log.warning("job %s (%s) is unmanaged: %s. It keeps a fair CPU share, but adloader does not plan its "
+                        "data loading; to have it managed, load its data with a torch DataLoader (adloader run makes "
+                        "it adloader's), or see 'adloader status'", job.name, job.job_id, job.unmanaged_reason)
+        elif job.state == "starting":
+            self._next_at = self._clock() + self.every
+
+
 def run_job(request: JobRequest, socket_paths: Sequence[str | Path], environ: Mapping[str, str] | None = None) -> int:
     """Register, run the command to its end, tell the controller; returns the exit code.
 
@@ -141,7 +185,8 @@ def run_job(request: JobRequest, socket_paths: Sequence[str | Path], environ: Ma
                         signal.Signals(early.si_signo).name)
             exit_code = 128 + early.si_signo
         else:
-            exit_code = supervise(request.command, command_env, command_mask)
+            watch = UnmanagedWatch(managed.client, managed.job_id) if managed is not None else None
+            exit_code = supervise(request.command, command_env, command_mask, watch)
     if managed is not None:
         managed.end(exit_code)
     return exit_code
@@ -159,12 +204,13 @@ def held_signals() -> Iterator[set[signal.Signals]]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
 
 
-def supervise(command: Sequence[str], environ: Mapping[str, str], command_mask: set[signal.Signals]) -> int:
+def supervise(command: Sequence[str], environ: Mapping[str, str], command_mask: set[signal.Signals],
+              watch: UnmanagedWatch | None = None) -> int:
     """Run ``command``, forwarding signals to it, and return its exit code (128+N if killed by N).
 
     Call it inside :func:`held_signals`: the signals stay blocked and are taken with
-    sigwaitinfo, so none is lost between the spawn and the wait, and the terminal's own
-    signals can be told apart from kill(2)'s."""
+    sigwaitinfo (sigtimedwait while ``watch`` has a question due), so none is lost between
+    the spawn and the wait, and the terminal's own signals can be told apart from kill(2)'s."""
     watched = {signal.SIGCHLD, *FORWARDED_SIGNALS}
     try:
         pid = os.posix_spawnp(
@@ -180,7 +226,12 @@ def supervise(command: Sequence[str], environ: Mapping[str, str], command_mask: 
         log.error("command not executable: %s", command[0])
         return EXIT_NOT_EXECUTABLE
     while True:
-        info = signal.sigwaitinfo(watched)
+        wait = watch.timeout() if watch is not None else None
+        info = signal.sigwaitinfo(watched) if wait is None else signal.sigtimedwait(watched, wait)
+        if info is None:  # a question to the controller is due; signals stay queued meanwhile
+            assert watch is not None
+            watch.check()
+            continue
         if info.si_signo == signal.SIGCHLD:
             done, status = os.waitpid(pid, os.WNOHANG)
             if done == pid:
