@@ -61,6 +61,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="watch the jobs waiting for this node's GPUs, for the jct policy: 'slurm' (squeue, "
                         "the partitions this node is in), 'slurm:PART,...', or a JSON file kept by another program "
                         "(controller/pending_queue.py); default: none watched")
+    parser.add_argument("--unmanaged-after", type=float, default=60.0, metavar="SECONDS",
+                        help="a job none of whose loaders has reported this long after it registered is shown "
+                        "unmanaged, with the reason, and its launcher warns in the job's output (default 60)")
     parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
                         help="serve Prometheus metrics on this port (default/0: no exporter)")
     parser.add_argument("--device", default=None, metavar="NAME",
@@ -79,11 +82,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     if args.remove_groups:
         return _remove_groups(args)
-    try:
-        controller = _build(args)
-    except AdloaderError as exc:
-        log.error("%s", exc)
-        return 2
+    controller = _build(args)  # a usage error (AdloaderError) is reported by the dispatcher, in one line
     return asyncio.run(_serve(controller))
 
 
@@ -109,7 +108,7 @@ def _remove_groups(args: argparse.Namespace) -> int:
 def _build(args: argparse.Namespace) -> Controller:
     """The configured controller (its modules are imported here, so --help stays light)."""
     from controller.backends.cgroupfs import parse_device
-    from adloader.cpuspec import CpuSpecError, online_cpus, parse_cpus
+    from adloader.cpuspec import online_subset
     from controller.daemon import Controller, ControllerConfig
 
     if (args.read_bps is None) != (args.read_device is None):
@@ -119,10 +118,7 @@ def _build(args: argparse.Namespace) -> Controller:
     if args.cpus is None:
         cpus = tuple(sorted(os.sched_getaffinity(0)))
     else:
-        cpus = parse_cpus(args.cpus)
-        missing = sorted(set(cpus) - set(online_cpus()))
-        if missing:
-            raise CpuSpecError(f"--cpus {args.cpus} names CPUs that are not online: {missing}")
+        cpus = online_subset(args.cpus, "--cpus")
     config = ControllerConfig(
         socket_path=args.socket or paths.default_socket_path(),
         state_dir=args.state_dir or paths.default_state_dir(),
@@ -138,6 +134,7 @@ def _build(args: argparse.Namespace) -> Controller:
         metrics_address=args.metrics_address,
         memory_reserve=args.memory_reserve,
         training_processes=args.training_processes,
+        unmanaged_after_s=args.unmanaged_after,
         pending=args.pending,
     )
     if args.no_history:
