@@ -53,11 +53,18 @@ class JobMetric:
     value: Callable[[JobSnapshot], float | None]
 
 
+_MANAGED = {"running": 1.0, "unmanaged": 0.0}
+"""adloader_job_managed by job state (absent for the others)."""
+
 KERNEL_DEFAULT_CPU_WEIGHT = 100
 """cpu.weight of a group nobody weighted (v1: cpu.shares 1024); adloader status counts the same."""
 
 JOB_METRICS: tuple[JobMetric, ...] = (
     JobMetric("adloader_job_gpus", "gauge", "GPUs the job holds on this node.", lambda j: j.gpus),
+    JobMetric("adloader_job_managed", "gauge",
+              "1: a loader of the job reports and adloader plans its loading; 0: unmanaged (no loader report past "
+              "the grace period, or its loaders fell back: adloader_job_info's unmanaged_reason says why); absent "
+              "while the job is starting.", lambda j: _MANAGED.get(j.state)),
     JobMetric("adloader_job_ranks_reporting", "gauge", "Ranks whose loader reported recently.",
               lambda j: j.ranks_reporting),
     JobMetric("adloader_job_registered_time_seconds", "gauge", "Unix time the job registered.",
@@ -139,9 +146,11 @@ class SnapshotCollector(Collector):
 
 
 def _job_families(jobs: tuple[JobSnapshot, ...]) -> Iterator[Metric]:
-    info = InfoMetricFamily("adloader_job", "The job's state and owner.", labels=JOB_LABELS)
+    info = InfoMetricFamily("adloader_job", "The job's state, owner, and why it is unmanaged (empty: it is not).",
+                            labels=JOB_LABELS)
     for job in jobs:
-        info.add_metric([job.name, job.job_id], {"state": job.state, "uid": str(job.uid)})
+        info.add_metric([job.name, job.job_id], {"state": job.state, "uid": str(job.uid),
+                                                 "unmanaged_reason": job.unmanaged_reason or ""})
     yield info
     for spec in JOB_METRICS:
         family_type = GaugeMetricFamily if spec.kind == "gauge" else CounterMetricFamily

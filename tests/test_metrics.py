@@ -117,7 +117,18 @@ def test_unmeasured_job_values_are_absent_not_zero_while_its_counters_start_at_z
     assert _job_value(samples, "adloader_job_data_wait_seconds_total", "j-2") == 0
     assert _job_value(samples, "adloader_job_samples_total", "j-2") == 0
     assert samples[("adloader_job_info", (("job_id", "j-2"), ("job_name", "bert"), ("state", "starting"),
-                                          ("uid", "1000")))] == 1
+                                          ("uid", "1000"), ("unmanaged_reason", "")))] == 1
+    assert _job_value(samples, "adloader_job_managed", "j-2") is None  # starting: not known yet
+
+
+def test_an_unmanaged_job_says_so_and_why_and_a_managed_one_says_it_is(scraper: Scraper) -> None:
+    why = "loader fell back to torch's (in_order=False)"
+    scraper.snapshot = _node(RESNET, _job("j-3", "dali", state="unmanaged", unmanaged_reason=why))
+    samples = scraper.samples()
+    assert _job_value(samples, "adloader_job_managed", "j-1") == 1
+    assert _job_value(samples, "adloader_job_managed", "j-3") == 0
+    assert samples[("adloader_job_info", (("job_id", "j-3"), ("job_name", "dali"), ("state", "unmanaged"),
+                                          ("uid", "1000"), ("unmanaged_reason", why)))] == 1
 
 
 def test_node_series_and_every_known_reason_and_error_kind_exist_from_the_start(scraper: Scraper) -> None:
