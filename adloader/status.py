@@ -130,9 +130,20 @@ def render_table(snapshot: NodeSnapshot, now: float) -> str:
             limit = "" if job.scheduler_cpu_limit is None else f", CPU limit {job.scheduler_cpu_limit:.2f} cores"
             lines.append(f"@ {job.name} ({job.job_id}) scheduler {job.scheduler}{limit}: {cgroups_text(job.cgroups)}")
     for job in snapshot.jobs:
+        if job.unmanaged_reason is not None:
+            lines.append(unmanaged_text(job))
+    for job in snapshot.jobs:
         for field, error in sorted(job.failed_to_apply.items()):
             lines.append(f"! {job.name} ({job.job_id}): {field} not applied, retrying each period: {error}")
     return "\n".join(lines)
+
+
+def unmanaged_text(job: JobSnapshot) -> str:
+    """``! train.py (j1a2b3c4): unmanaged: <why>. ...``: why no loader of the job is adloader's,
+    and what it still gets."""
+    used = f" (it uses {job.cores_used:.1f})" if job.cores_used is not None else ""
+    return (f"! {job.name} ({job.job_id}): unmanaged: {job.unmanaged_reason}. It keeps a fair CPU share from "
+            f"what its group uses{used}; its data loading is not planned")
 
 
 def cgroups_text(paths: dict[str, str]) -> str:
@@ -186,9 +197,12 @@ def _job_row(job: JobSnapshot, share: float | None) -> tuple[str, ...]:
         max_sps = "~" + _rate(job.max_sps_predicted)
     else:
         max_sps = "-"
-    workers = f"{job.workers_running}/{job.workers_target if job.workers_target is not None else '-'}"
+    if job.state == "unmanaged":
+        workers = "-"  # no loader of ours: nothing to count or to set
+    else:
+        workers = f"{job.workers_running}/{job.workers_target if job.workers_target is not None else '-'}"
     return (
-        job.name, job.job_id, job.state, str(job.gpus), _rate(job.achieved_sps), max_sps,
+        job.name, job.job_id, job.state, str(job.gpus) if job.gpus else "-", _rate(job.achieved_sps), max_sps,
         _percent(job.gpu_idle_ratio), cores_text(job, share),
         str(job.cpu_weight) if job.cpu_weight is not None else "-", workers, worker_memory_text(job),
         _bytes_per_second(job.read_bps), _percent(job.data_wait_ratio),

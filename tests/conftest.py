@@ -100,7 +100,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "pure": (
         "test_protocol", "test_cpuspec", "test_curves", "test_curve_phases", "test_simulator", "test_policies", "test_policies_properties", "test_bench_mix", "test_bench_first_plans", "test_bench_machine",
         "test_registry", "test_registry_policy_inputs", "test_worker_memory_reads", "test_placement", "test_safety_net", "test_flapping", "test_change_rate",
-        "test_completion_check", "test_outgrown", "test_pending_queue",
+        "test_completion_check", "test_outgrown", "test_pending_queue", "test_unmanaged_share",
         "test_history", "test_peer", "test_throughput_model_features", "test_throughput_model_fit",
     ),
     "in_process": ("test_backend_v2", "test_layouts_v2", "test_metrics", "test_controller_in_process"),
@@ -114,7 +114,7 @@ TIERS: dict[str, tuple[str, ...]] = {
         "test_faults", "test_fuzz_socket", "test_load", "test_node_memory", "test_reporter", "test_torchrun",
         "test_bench_e2e", "test_prometheus", "test_deploy", "test_dataloader", "test_dataloader_properties",
         "test_dataloader_torch_parity", "test_dataloader_frameworks", "test_dataloader_state", "test_socket_discovery", "test_slurm", "test_install", "test_packaging",
-        "test_cli", "test_throughput_model_cli", "test_throughput_model_api", "test_restart_resumes_plan",
+        "test_cli", "test_unmanaged", "test_throughput_model_cli", "test_throughput_model_api", "test_restart_resumes_plan",
         "test_training_processes",
     ),
 }

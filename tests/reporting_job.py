@@ -29,6 +29,8 @@ def main() -> int:
     parser.add_argument("--report-every", type=float, default=0.2)
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--stop-file", type=Path, default=None, help="finish (exit 0) once this file exists")
+    parser.add_argument("--unmanaged-reason", default=None,
+                        help="report as a rank whose loader is not adloader's, for this reason (as a fallback does)")
     args = parser.parse_args()
     job_id = env.job_id()
     if job_id is None:
@@ -54,18 +56,21 @@ def main() -> int:
             samples += args.batch_size
             batches += 1
             if time.monotonic() >= next_report:
-                client.request(_report(job_id, args.batch_size, samples, batches, data_wait, compute, read_bytes))
+                client.request(_report(job_id, args.batch_size, samples, batches, data_wait, compute, read_bytes,
+                                       args.unmanaged_reason))
                 next_report = time.monotonic() + args.report_every
-    client.request(_report(job_id, args.batch_size, samples, batches, data_wait, compute, read_bytes))
+    client.request(_report(job_id, args.batch_size, samples, batches, data_wait, compute, read_bytes,
+                           args.unmanaged_reason))
     print(f"samples={samples}", flush=True)
     return 0
 
 
 def _report(job_id: str, batch_size: int, samples: int, batches: int, data_wait: float, compute: float,
-            read_bytes: int) -> protocol.Report:
+            read_bytes: int, unmanaged_reason: str | None = None) -> protocol.Report:
     return protocol.Report(
         job_id=job_id, batch_size=batch_size, samples=samples, batches=batches, data_wait_s=data_wait,
         compute_s=compute, worker_cpu_s=time.process_time(), read_bytes=read_bytes, num_workers=1,
+        unmanaged_reason=unmanaged_reason,
     )
 
 

@@ -1,0 +1,70 @@
+"""A job none of whose loaders reports is never silently unmanaged: a real controller calls it
+unmanaged after its grace period, with the reason, in status; its launcher warns once in the
+job's own output; a job whose loaders report stays running and is never warned."""
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from adloader.status import COLUMNS, render_table
+from bench.controller_process import ControllerProcess, wait_until
+from controller.unmanaged import NEVER_REPORTED
+
+REPO = Path(__file__).resolve().parent.parent
+REPORTING_JOB = (sys.executable, str(REPO / "tests" / "reporting_job.py"), "--seconds", "60")
+SILENT_JOB = (sys.executable, "-c", "import time; time.sleep(60)")
+"""A job whose data loading is not a DataLoader: it never reports."""
+FALLBACK = "loader fell back to torch's (in_order=False)"
+GRACE_S = 1.5
+
+
+def _row(table: str, job_id: str) -> list[str]:
+    line = next(line for line in table.splitlines() if f"  {job_id}  " in line)
+    cells = re.split(r"\s{2,}", line.strip())
+    assert len(cells) == len(COLUMNS), line
+    return cells
+
+
+def test_a_job_that_never_reports_is_unmanaged_after_the_grace_and_its_launcher_says_why_once(
+    start_controller: Callable[..., ControllerProcess],
+) -> None:
+    controller = start_controller("--policy", "even", "--cpus", "0", "--unmanaged-after", str(GRACE_S))
+    silent = controller.run(*SILENT_JOB, name="get-batch", options=("--gpus", "0"))
+    fallback = controller.run(*REPORTING_JOB, "--unmanaged-reason", FALLBACK, name="fallback")
+    managed = controller.run(*REPORTING_JOB, name="managed")
+    registered = {job.name: controller.registered(job) for job in (silent, fallback, managed)}
+    silent_id = registered["get-batch"].job_id
+    assert registered["get-batch"].state == "starting"  # within the grace: not yet called unmanaged
+
+    def settled() -> dict[str, str] | None:
+        states = {job.name: job.state for job in controller.status().jobs}
+        return states if states == {"get-batch": "unmanaged", "fallback": "unmanaged", "managed": "running"} else None
+    wait_until(settled, 20, "the silent and fallback jobs unmanaged, the reporting one running")
+    assert time.time() - registered["get-batch"].registered_at >= GRACE_S
+
+    node = controller.status()
+    jobs = {job.name: job for job in node.jobs}
+    assert jobs["get-batch"].unmanaged_reason == NEVER_REPORTED.format(grace=GRACE_S)
+    assert jobs["fallback"].unmanaged_reason == FALLBACK
+    assert jobs["managed"].unmanaged_reason is None
+    assert jobs["fallback"].workers_target is None and jobs["fallback"].samples_total == 0  # not a loader's counters
+
+    table = render_table(node, time.time())
+    row = dict(zip(COLUMNS, _row(table, silent_id)))
+    assert (row["STATE"], row["GPUS"], row["GPU IDLE"], row["WORKERS"]) == ("unmanaged", "-", "-", "-")
+    assert f"! get-batch ({silent_id}): unmanaged: no loader has reported in 1.5 s" in table
+    assert f"unmanaged: {FALLBACK}." in table
+    assert dict(zip(COLUMNS, _row(table, jobs["managed"].job_id)))["STATE"] == "running"
+
+    def warned(job) -> list[str]:
+        return [line for line in job.output()[1].splitlines() if "is unmanaged" in line]
+    wait_until(lambda: warned(silent) and warned(fallback), 10, "the launchers' warnings")
+    time.sleep(2.5)  # a launcher asks every 2 s: a second warning would be out by now
+    (line,) = warned(silent)
+    assert line.startswith("adloader run: warning: job get-batch") and "no loader has reported in 1.5 s" in line
+    (line,) = warned(fallback)
+    assert FALLBACK in line
+    assert warned(managed) == []
