@@ -63,7 +63,7 @@ Source = Pool | LocalLoading
 
 class LoaderIterator:
     """The iterator ``iter(loader)`` returns. ``make_pool`` builds a Pool when workers are asked for
-    mid-epoch on an epoch that started without any."""
+    mid-epoch on an epoch that started without any: (the pool, whether this iterator owns it)."""
 
     def __init__(
         self,
@@ -77,7 +77,7 @@ class LoaderIterator:
         timeout: float,
         length: Callable[[], int],
         pin: Callable[[Any], Any] | None,
-        make_pool: Callable[[int], Pool],
+        make_pool: Callable[[int], tuple[Pool, bool]],
         rng_snapshot: Any,
         replay_until: int = 0,
         yielded: int = 0,
@@ -156,9 +156,9 @@ class LoaderIterator:
             if isinstance(self._source, LocalLoading):
                 if n == 0 or self.epoch.iterable or self._closed or self.epoch.finished:
                     return  # an iterable stream cannot leave the training process mid-epoch
-                pool = self._make_pool(n)
+                pool, owned = self._make_pool(n)
                 pool.start_epoch(self.epoch)
-                self._source, self._owns_source = pool, True
+                self._source, self._owns_source = pool, owned
                 return
         self._source.set_target(n)
 
