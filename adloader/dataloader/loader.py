@@ -29,7 +29,7 @@ from adloader.dataloader.errors import BadLoaderState, BadWorkerCount, Unsupport
 from adloader.dataloader.fetch import FetchSpec
 from adloader.dataloader.iterator import LoaderIterator, LocalLoading, Source
 from adloader.dataloader.seeding import draw_base_seed, isolated_global_rng
-from adloader.dataloader.stats import LoaderCounters, StepTimer, make_step_timer
+from adloader.dataloader.stats import LoaderCounters, StepEvents, StepTimer, make_step_timer
 from adloader.dataloader.table import Epoch
 
 MAX_WORKERS = 1024
@@ -50,6 +50,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     mid-epoch at the next unseen batch."""
 
     proc_root = "/proc"  # where workers read their I/O counters; tests may point it elsewhere
+    step_events: StepEvents | None = None  # the step timer's device markers (None: CUDA's); bench.gpu may emulate
 
     def __init__(
         self,
@@ -134,6 +135,12 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         """Pids of this loader's worker processes (for diagnostics and tests)."""
         return sorted({pid for source in self._sources() for pid in source.worker_pids()})
 
+    def settle_step_timing(self) -> None:
+        """Count in ``counters`` every step whose device markers are recorded, waiting for the device
+        to reach them (the end of a measurement: it synchronises, so never call it per step)."""
+        if self._timer is not None:
+            self._timer.settle()
+
     def resize_latencies(self) -> list[float]:
         """Seconds from each ``set_num_workers`` that added a worker to that worker's first batch."""
         return list(self._latencies)
@@ -159,7 +166,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
     def __iter__(self) -> LoaderIterator:  # type: ignore[override]
         if self._timer is None:
-            self._timer = make_step_timer(self.counters)
+            self._timer = make_step_timer(self.counters, self.step_events)
         resume, self._resume = self._resume, None
         if resume is not None:
             epoch, snapshot = self._resumed_epoch(resume)

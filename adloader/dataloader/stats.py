@@ -18,9 +18,10 @@ needs: bandwidth actually asked of the disk.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, fields
+from collections import deque
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 from adloader.dataloader.messages import Usage
 
@@ -114,21 +115,76 @@ class ResourceMeter:
         return self._read
 
 
+class StepEvent(Protocol):
+    """A marker on a device's timeline, as ``torch.cuda.Event(enable_timing=True)`` is."""
+
+    def query(self) -> bool:
+        """Whether the device has reached the marker (never blocks)."""
+
+    def elapsed_time(self, end: "StepEvent") -> float:
+        """Milliseconds of the device's timeline from this marker to ``end`` (both reached)."""
+
+    def synchronize(self) -> None:
+        """Block until the device reaches the marker."""
+
+
+class StepEvents(Protocol):
+    """Where the step timer's device markers come from: CUDA's (:class:`CudaEvents`) in a job, an
+    emulated device's in ``python -m bench.gpu --dry-run``."""
+
+    def in_use(self) -> bool:
+        """Whether this process computes on the device (only then is its timeline the truth)."""
+
+    def record(self) -> StepEvent:
+        """A marker recorded now on the current stream."""
+
+
+class CudaEvents:
+    """CUDA events on the current stream. In use once this process has initialised CUDA itself:
+    the timer never initialises it (a CPU job, or the controller, must not grab a GPU context)."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self._cuda = torch.cuda
+
+    def in_use(self) -> bool:
+        try:
+            return bool(self._cuda.is_initialized())
+        except Exception:  # noqa: BLE001 - a broken CUDA install must not break data loading
+            return False
+
+    def record(self) -> StepEvent:
+        event = self._cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+
 @dataclass
 class StepTimer:
-    """Splits wall time into data wait (blocked in ``__next__``) and compute (between calls).
+    """Splits each step into data wait (blocked in ``__next__``) and compute (between calls).
 
-    On CPU the wall clock is the truth. With CUDA, the time between ``__next__``
-    calls is only kernel-launch time, so :class:`CudaStepTimer` measures GPU
-    starvation instead. ``clock`` is injectable for tests."""
+    On the CPU the wall clock is the truth. Once the process computes on a device
+    (``events.in_use()``: it initialised CUDA), the time between ``__next__`` calls is only the
+    time Python took to queue kernels, and a wait in ``__next__`` may be hidden behind kernels
+    still running; from the next step on the split is read from the device's timeline instead
+    (:class:`DeviceStepTimer`), with no synchronisation. The step in flight when the switch
+    happens is not counted. ``clock`` and ``events`` are injectable for tests."""
 
     counters: LoaderCounters
     clock: Callable[[], float] = time.perf_counter
+    events: StepEvents | None = None
     _entered: float = 0.0
     _left: float | None = None
+    _device: "DeviceStepTimer | None" = None
 
     def enter(self) -> None:
         """Called when ``__next__`` starts."""
+        if self._device is None and self.events is not None and self.events.in_use():
+            self._device = DeviceStepTimer(self.counters, self.events)
+        if self._device is not None:
+            self._device.enter()
+            return
         now = self.clock()
         if self._left is not None:
             self.counters.compute_s += now - self._left
@@ -136,6 +192,9 @@ class StepTimer:
 
     def leave(self, delivered: bool) -> None:
         """Called when ``__next__`` returns a batch (``delivered``) or ends the epoch."""
+        if self._device is not None:
+            self._device.leave(delivered)
+            return
         now = self.clock()
         if delivered:
             self.counters.data_wait_s += now - self._entered
@@ -143,55 +202,68 @@ class StepTimer:
         else:
             self._left = None  # the gap to the next epoch is not a training step
 
+    def settle(self) -> None:
+        """Count every step whose markers are recorded, waiting for the device to reach them.
+        Blocks: for the end of a measurement, never per step. Nothing to do on the wall clock."""
+        if self._device is not None:
+            self._device.settle()
 
-@dataclass
-class CudaStepTimer(StepTimer):
-    """GPU starvation from CUDA events, read a step later so nothing forces a sync.
+    @property
+    def on_device(self) -> bool:
+        """Whether the split is read from the device's timeline."""
+        return self._device is not None
 
-    Event A is recorded on the current stream when ``__next__`` starts, event B
-    when it returns. The GPU passes A when it has finished the work queued
-    before the wait, and B once the CPU has the batch and queues more; so
-    elapsed(A, B) is the time the GPU sat idle for data (zero when the wait was
-    hidden behind queued kernels), and elapsed(B, next A) is GPU compute.
-    Completed pairs are harvested with ``Event.query()`` on later steps."""
 
-    _pending: list = field(default_factory=list)
-    _current: list = field(default_factory=list)
+class DeviceStepTimer:
+    """GPU starvation from device markers, read a step later so nothing forces a sync.
+
+    Marker A is recorded on the current stream when ``__next__`` starts, marker B when it
+    returns. The device passes A when it has finished the work queued before the wait, and
+    B once the CPU has the batch and queues more; so elapsed(A, B) is the time the device sat
+    idle for data (zero when the wait was hidden behind queued kernels), and elapsed(B, next A)
+    is the step's compute. Steps whose markers the device has passed are counted with
+    ``query()`` on later steps; the pending ones are at most the device's queue deep."""
+
+    def __init__(self, counters: LoaderCounters, events: StepEvents) -> None:
+        self.counters = counters
+        self._events = events
+        self._pending: deque[tuple[StepEvent, StepEvent, StepEvent]] = deque()
+        self._current: list[StepEvent] = []
 
     def enter(self) -> None:
-        import torch
-
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        if self._current:  # [A, B] of the previous step: its compute ends at this A
-            self._pending.append((*self._current, event))
-        self._current = [event]
-        self._harvest()
+        marker = self._events.record()
+        if len(self._current) == 2:  # [A, B] of the previous step: its compute ends at this A
+            self._pending.append((self._current[0], self._current[1], marker))
+        self._current = [marker]
+        self._harvest(wait=False)
 
     def leave(self, delivered: bool) -> None:
-        import torch
+        if delivered:
+            self._current.append(self._events.record())
+        else:
+            self._current = []  # the gap to the next epoch is not a training step
 
-        if not delivered:
-            self._current = []
-            return
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        self._current.append(event)
+    def settle(self) -> None:
+        self._harvest(wait=True)
 
-    def _harvest(self) -> None:
-        while self._pending and self._pending[0][2].query():
-            start, got, end = self._pending.pop(0)
+    def _harvest(self, wait: bool) -> None:
+        while self._pending:
+            start, got, end = self._pending[0]
+            if wait:
+                end.synchronize()
+            elif not end.query():
+                return
+            self._pending.popleft()
             self.counters.data_wait_s += start.elapsed_time(got) / 1000.0
             self.counters.compute_s += got.elapsed_time(end) / 1000.0
 
 
-def make_step_timer(counters: LoaderCounters) -> StepTimer:
-    """The CUDA-event timer when CUDA is initialised in this process, else the wall-clock one."""
-    try:
-        import torch
-
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            return CudaStepTimer(counters)
-    except Exception:  # a broken CUDA install must not break data loading
-        pass
-    return StepTimer(counters)
+def make_step_timer(counters: LoaderCounters, events: StepEvents | None = None) -> StepTimer:
+    """The loader's step timer: the wall clock, and CUDA's timeline (or ``events``') once this
+    process computes on the device."""
+    if events is None:
+        try:
+            events = CudaEvents()
+        except Exception:  # noqa: BLE001 - no usable torch.cuda: the wall clock alone
+            events = None
+    return StepTimer(counters, events=events)
