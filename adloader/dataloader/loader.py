@@ -82,6 +82,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         )
         self._prefetch = prefetch_factor if prefetch_factor is not None else 2
         self._lock = threading.Lock()
+        self._applying = threading.Lock()  # see _apply_target
         self._pool: Pool | None = None  # persistent workers only
         self._iterators: weakref.WeakSet[LoaderIterator] = weakref.WeakSet()
         self._current: weakref.ref[LoaderIterator] | None = None
@@ -120,12 +121,23 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             raise BadWorkerCount(f"num_workers must be between 0 and {MAX_WORKERS}, got {n}")
         with self._lock:
             self.__dict__["_target"] = n
-            pool = self._pool
-            iterators = [it for it in self._iterators if not it.finished]
-        if pool is not None:
-            pool.set_target(n)
-        for iterator in iterators:
-            iterator.set_target(n)
+        self._apply_target()
+
+    def _apply_target(self) -> None:
+        """Bring the workers of every live iteration (and the persistent pool) to the current target.
+
+        Serialised, and the target is read inside: two callers cannot apply their targets in the
+        reverse order they set them, so the last target set is the last applied. ``__iter__`` calls
+        it once its iterator is registered, for a target set while its workers were being started."""
+        with self._applying:
+            with self._lock:
+                n = self.__dict__["_target"]
+                pool = self._pool
+                iterators = [it for it in self._iterators if not it.finished]
+            if pool is not None:
+                pool.set_target(n)
+            for iterator in iterators:
+                iterator.set_target(n)
 
     def running_workers(self) -> int:
         """Workers ready for batches right now, over this loader's live iterations."""
@@ -185,6 +197,7 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         with self._lock:
             self._iterators.add(iterator)
             self._current = weakref.ref(iterator)
+        self._apply_target()  # a target set since _source_for read it reached neither the source nor this iterator
         return iterator
 
     def _fresh_epoch(self) -> tuple[Epoch, torch.Tensor]:
@@ -247,14 +260,17 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             return self._new_pool(self.num_workers, epoch.base_seed), True
         return LocalLoading(), True
 
-    def _handover_pool(self, base_seed: int, n: int) -> Pool:
-        """A Pool for an epoch that started with no workers and is now given some."""
+    def _handover_pool(self, base_seed: int, n: int) -> tuple[Pool, bool]:
+        """(a Pool for an epoch that started with no workers and is now given some, owned by the
+        epoch's iterator). A persistent loader keeps it for its next epochs: the epoch's end must
+        not close it."""
         pool = self._new_pool(n, base_seed)
         if self.persistent_workers:
             with self._lock:
                 if self._pool is None:
                     self._pool = pool
-        return pool
+                    return pool, False
+        return pool, True
 
     def _new_pool(self, n: int, base_seed: int) -> Pool:
         return Pool(
