@@ -28,6 +28,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("bench.demo", "short GPU-emulated run of the shipped job mix: adaptive vs even"),
     "bench": ("bench.node", "GPU-emulated node benchmark comparing the policies on a job mix"),
     "model": ("throughput_model.cli", "profile, fit, evaluate and query the throughput model"),
+    "doctor": ("controller.doctor_cli", "check whether this node is ready for the controller, and what to fix"),
 }
 
 DAEMONS = frozenset({"controller"})

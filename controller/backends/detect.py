@@ -31,12 +31,12 @@ def detect_backend(
     if prefer is None:
         return _auto(group, root, proc)
     if prefer == "cgroup-v2":
-        problem = _v2_problem(root)
+        problem = v2_problem(root)
         if problem:
             raise BackendError(f"--backend cgroup-v2 cannot work here: {problem}")
         return CgroupV2Backend(group, root, proc)
     if prefer == "cgroup-v1":
-        problem = _v1_problem(root)
+        problem = v1_problem(root)
         if problem:
             raise BackendError(f"--backend cgroup-v1 cannot work here: {problem}")
         return CgroupV1Backend(group, root, proc)
@@ -46,25 +46,25 @@ def detect_backend(
 
 
 def _auto(group: str, root: Path, proc: Path) -> ResourceBackend:
-    v2_problem = _v2_problem(root)
-    if not v2_problem:
+    v2_why = v2_problem(root)
+    if not v2_why:
         log.info("using the cgroup-v2 backend at %s", root)
         return CgroupV2Backend(group, root, proc)
-    v1_problem = _v1_problem(root)
-    if not v1_problem:
-        log.info("using the cgroup-v1 backend at %s (cgroup v2 not usable: %s)", root, v2_problem)
+    v1_why = v1_problem(root)
+    if not v1_why:
+        log.info("using the cgroup-v1 backend at %s (cgroup v2 not usable: %s)", root, v2_why)
         return CgroupV1Backend(group, root, proc)
     log.warning(
         "no writable cgroups (v2: %s; v1: %s): falling back to CPU affinity only. CPU quotas and read "
         "bandwidth throttles are NOT enforced and jobs are only confined to CPUs; run `adloader controller` "
         "as root on a host with cgroups mounted read-write to enforce them",
-        v2_problem,
-        v1_problem,
+        v2_why,
+        v1_why,
     )
     return AffinityBackend(proc)
 
 
-def _v2_problem(root: Path) -> str | None:
+def v2_problem(root: Path) -> str | None:
     """Why the cgroup v2 backend cannot enforce CPU quotas at ``root``, or None if it can."""
     controllers_file = root / "cgroup.controllers"
     try:
@@ -78,7 +78,7 @@ def _v2_problem(root: Path) -> str | None:
     return None
 
 
-def _v1_problem(root: Path) -> str | None:
+def v1_problem(root: Path) -> str | None:
     """Why the cgroup v1 backend cannot enforce CPU quotas at ``root``, or None if it can."""
     quota_file = root / "cpu" / "cpu.cfs_quota_us"
     if not quota_file.is_file():
