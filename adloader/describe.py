@@ -21,12 +21,14 @@ def describe_model(
     example_batch: Any,
     *,
     loss_fn: Callable[[Any], Any] | None = None,
-    optimizer: Any = "adamw",
+    optimizer: Any = None,
     gpus: int | None = None,
 ) -> dict[str, float]:
     """Features of one training step of ``model`` on ``example_batch`` (see
-    ``throughput_model.features.describe`` for the arguments). ``gpus`` defaults to the
-    job's ``WORLD_SIZE`` and sets the all-reduce volume."""
+    ``throughput_model.features.describe`` for the arguments). ``optimizer`` is best the
+    ``torch.optim.Optimizer`` the job trains with (a factory or a name also do; left out, AdamW is
+    assumed, said once, and the prediction's interval covers plain SGD to AdamW). ``gpus``
+    defaults to the job's ``WORLD_SIZE`` and sets the all-reduce volume."""
     from throughput_model.features import describe
 
     description = describe(model, example_batch, loss_fn=loss_fn, optimizer=optimizer,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -30,25 +30,19 @@ from throughput_model.counting import (
     account_step,
     tensor_bytes,
 )
+from throughput_model.optimizers import FALLBACK_COST, NAMED, OptimizerPlan, OptimizerSpec, fused_traffic, resolve, \
+    say_once, state_tensors_per_param
 
-Optimizer = str | Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer]
-
-OPTIMIZERS: dict[str, Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer] | None] = {
-    "sgd": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
-    "adam": lambda params: torch.optim.Adam(params, lr=1e-3),
-    "adamw": lambda params: torch.optim.AdamW(params, lr=1e-3),
-    "sgd-plain": lambda params: torch.optim.SGD(params, lr=0.1),
-    "none": None,
-}
-
-# Optimizer traffic per parameter byte and ops per parameter tensor, used only when the
-# optimizer step cannot be replayed (single-tensor implementations, as on CPU).
-_OPTIMIZER_FALLBACK = {"sgd": (5.0, 3.0), "sgd-plain": (3.0, 1.0), "adam": (10.0, 10.0), "adamw": (10.0, 11.0), "none": (0.0, 0.0)}
+OPTIMIZERS = NAMED
+"""The optimizer names the corpus was profiled with (see :mod:`throughput_model.optimizers`)."""
 
 GLOBAL_KEYS: tuple[str, ...] = (
     "batch_size", "gpus", "params", "param_bytes", "grad_bytes", "param_tensors", "dtype_bytes",
     "activation_bytes", "flops_forward", "flops_backward", "ops_total", "allreduce_bytes", "count_complete",
+    "optimizer_low", "optimizer_high",
 )
+"""``optimizer_low``/``optimizer_high``: how far the real optimizer step's time may lie from the
+counted one, as multipliers (1, 1 when the optimizer the job trains with was counted)."""
 CLASS_KEYS: tuple[str, ...] = tuple(
     f"{c}_{q}" for c in OP_CLASSES
     for q in (("flops",) if c in COMPUTE_CLASSES else ()) + ("bytes", "ops") + (() if c in FUSED_CLASSES else ("alloc",))
@@ -82,7 +76,7 @@ def describe(
     example_batch: Any,
     *,
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
-    optimizer: Optimizer = "adamw",
+    optimizer: OptimizerSpec = None,
     gpus: int = 1,
     batch_size: int | None = None,
 ) -> Description:
@@ -91,8 +85,11 @@ def describe(
     ``example_batch`` is what the model is called with: a tensor (``model(x)``), a tuple or
     list (``model(*batch)``) or a dict (``model(**batch)``). ``loss_fn(output)`` makes the
     scalar loss (default: the sum of the floating outputs, which costs about what a real loss
-    costs except for very large classifier heads). ``optimizer`` is "sgd" (momentum 0.9), "sgd-plain"
-    (no momentum: what sparse embedding gradients train with), "adam", "adamw", "none" or a factory ``params -> Optimizer``. Call it before training starts, not while
+    costs except for very large classifier heads). ``optimizer`` is the ``torch.optim.Optimizer`` the
+    job trains with (its param groups and options are counted), a factory ``params -> Optimizer``, a
+    name ("sgd": momentum 0.9, "sgd-plain": none, what sparse embedding gradients train with, "adam",
+    "adamw", "none", or any ``torch.optim`` class name), or None: AdamW is counted, said once, and the
+    interval covers the optimizers it could be (:mod:`throughput_model.optimizers`). Call it before training starts, not while
     another thread trains the same model: the parameters are swapped for meta tensors during
     the call.
     """
@@ -101,14 +98,15 @@ def describe(
     params = {n: _meta(p, p.requires_grad) for n, p in model.named_parameters(remove_duplicate=False)}
     buffers = {n: _meta(b, False) for n, b in model.named_buffers(remove_duplicate=False)}
     trainable = [p for p in {id(p): p for p in params.values()}.values() if p.requires_grad]
+    meta_by_id = {id(p): params[n] for n, p in model.named_parameters(remove_duplicate=False)}
     batch = tree_map(lambda t: _meta(t, False) if isinstance(t, torch.Tensor) else t, example_batch)
     size = batch_size if batch_size is not None else _batch_size(example_batch)
     loss_of = loss_fn or _sum_of_outputs
-    optimizer_name, make_optimizer = _optimizer(optimizer)
-    step = None
-    if make_optimizer is not None and trainable:
-        opt = make_optimizer(trainable)
-        step = opt.step
+    plan = resolve(optimizer)
+    if plan.note is not None:
+        say_once(f"describe_model: {plan.note}")
+    opt = _build_optimizer(plan, meta_by_id, trainable, notes)
+    step = opt.step if opt is not None else None
 
     def forward() -> torch.Tensor:
         args, kwargs = _call_arguments(batch)
@@ -122,7 +120,11 @@ def describe(
     if not complete:
         notes.append(f"could not count the {result.failed_phase} phase on the meta device ({result.error}); "
                      "estimated it from the phases that were counted")
-        _estimate_missing(tally, result.failed_phase, trainable, optimizer_name, notes)
+        _estimate_missing(tally, result.failed_phase, trainable, plan.fallback, notes)
+    elif trainable and opt is None and plan.fallback != "none":  # not replayed: known by its state or kind only
+        _estimate_optimizer(tally, trainable, plan)
+    elif opt is not None and plan.fused:
+        _set_fused_traffic(tally, trainable, state_tensors_per_param(opt) or 0)
     if tally.ops_without_formula:
         notes.append(f"{tally.ops_without_formula} matmul/conv ops had no FLOP formula "
                      f"({', '.join(sorted(tally.unformulated))}); their FLOPs count as zero")
@@ -143,6 +145,8 @@ def describe(
         "ops_total": float(tally.ops),
         "allreduce_bytes": allreduce_bytes(grad_bytes, gpus),
         "count_complete": 1.0 if complete else 0.0,
+        "optimizer_low": plan.cost_range[0],
+        "optimizer_high": plan.cost_range[1],
     }
     for cls, counts in tally.classes.items():
         if cls in COMPUTE_CLASSES:
@@ -186,12 +190,40 @@ def _sum_of_outputs(output: Any) -> torch.Tensor:
     return total
 
 
-def _optimizer(optimizer: Optimizer) -> tuple[str, Callable[[Iterable[torch.Tensor]], torch.optim.Optimizer] | None]:
-    if callable(optimizer):
-        return "custom", optimizer
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {optimizer!r}; use one of {sorted(OPTIMIZERS)} or a factory")
-    return optimizer, OPTIMIZERS[optimizer]
+def _build_optimizer(plan: OptimizerPlan, meta_by_id: dict[int, torch.Tensor], trainable: list[torch.Tensor],
+                     notes: list[str]) -> torch.optim.Optimizer | None:
+    """The optimizer of ``plan`` over the meta parameters, or None (no optimizer, or it cannot be built there)."""
+    if plan.build is None or not trainable:
+        return None
+    try:
+        return plan.build(meta_by_id, trainable)
+    except Exception as exc:  # the job's own optimizer class: estimate its step instead
+        notes.append(f"optimizer {plan.label} could not be built on the meta device ({type(exc).__name__}: {exc}); "
+                     "its step is estimated from the parameter sizes")
+        return None
+
+
+def _estimate_optimizer(tally: StepTally, trainable: list[torch.Tensor], plan: OptimizerPlan) -> None:
+    """An optimizer step that was not replayed: from the state tensors it holds per parameter, else its family's."""
+    param_bytes = float(sum(tensor_bytes(p) for p in trainable))
+    if plan.state_tensors is not None:
+        per_byte, per_tensor = FALLBACK_COST[("sgd-plain", "sgd", "adam")[min(plan.state_tensors, 2)]]
+        scale = max(1.0, plan.state_tensors / 2.0)
+        per_byte, per_tensor = per_byte * scale, per_tensor * scale
+    else:
+        per_byte, per_tensor = FALLBACK_COST[plan.fallback]
+    _set_optimizer(tally, per_byte * param_bytes, per_tensor * len(trainable))
+
+
+def _set_fused_traffic(tally: StepTally, trainable: list[torch.Tensor], state_tensors: int) -> None:
+    """A fused step was counted in its single-tensor form: its traffic is one kernel's per tensor."""
+    _set_optimizer(tally, *fused_traffic(float(sum(tensor_bytes(p) for p in trainable)), len(trainable), state_tensors))
+
+
+def _set_optimizer(tally: StepTally, optimizer_bytes: float, ops: float) -> None:
+    counts = tally.classes["optimizer"]
+    counts.bytes, counts.ops = optimizer_bytes, ops
+    tally.phase_bytes["optimizer"] = optimizer_bytes
 
 
 def _prime_optimizer_state(trainable: list[torch.Tensor], step: Callable[[], Any], notes: list[str]) -> None:
@@ -222,7 +254,7 @@ def _estimate_missing(tally: StepTally, failed: str | None, trainable: list[torc
         tally.phase_flops["backward"] = 2.0 * tally.phase_flops["forward"]
         tally.phase_bytes["backward"] = 2.0 * tally.phase_bytes["forward"]
     if failed in ("backward", "optimizer"):
-        per_byte, per_tensor = _OPTIMIZER_FALLBACK.get(optimizer, _OPTIMIZER_FALLBACK["adamw"])
+        per_byte, per_tensor = FALLBACK_COST.get(optimizer, FALLBACK_COST["adamw"])
         counts = tally.classes["optimizer"]
         counts.bytes = per_byte * float(sum(tensor_bytes(p) for p in trainable))
         counts.ops = per_tensor * len(trainable)

@@ -89,9 +89,11 @@ def predict(
         model = load_fitted(corpus)
         if target.source == model.device.source:
             target = model.device  # the host the corpus was profiled on: its long, two-sided measurement
-        compute = model.step_seconds(features, target)
+        classes = model.class_seconds(features, target)
+        compute = sum(classes.values())
         low_ratio, high_ratio = math.exp(model.log_interval[0]), math.exp(model.log_interval[1])
-        slow, fast = compute * high_ratio, compute * low_ratio
+        cheapest, dearest = _optimizer_range(features, classes["optimizer"], classes["optimizer"])
+        slow, fast = (compute + dearest) * high_ratio, (compute + cheapest) * low_ratio
         basis = f"fitted on the CPU corpus (CPU-proxy), {target.threads} thread(s)"
         calibrated = True
         if target.threads != model.device.threads:
@@ -103,9 +105,15 @@ def predict(
         launch = sum(t[2] for t in terms.values())
         pessimistic, typical, peak = GPU_EFFICIENCY
         compute = roof / typical + launch
-        slow, fast = roof / pessimistic + launch, roof / peak + launch
+        optimizer = terms["optimizer"]
+        cheapest, dearest = _optimizer_range(features, optimizer[0] / peak + optimizer[2],
+                                             optimizer[0] / pessimistic + optimizer[2])
+        slow, fast = roof / pessimistic + launch + dearest, roof / peak + launch + cheapest
         basis = "physical roofline prior only (not calibrated on this GPU; no GPU was profiled)"
         calibrated = False
+    if features.get("optimizer_low", 1.0) < 1.0 or features.get("optimizer_high", 1.0) > 1.0:
+        notes.append(f"the optimizer's cost is uncertain (x{features.get('optimizer_low', 1.0):.2g} .. "
+                     f"x{features.get('optimizer_high', 1.0):.2g} of the counted step); the interval covers it")
     if features.get("count_complete", 1.0) < 1.0:
         slow, fast = slow * INCOMPLETE_WIDENING, fast / INCOMPLETE_WIDENING
         notes.append("the model could not be fully counted; the interval is widened")
@@ -127,12 +135,19 @@ def predict(
     )
 
 
+def _optimizer_range(features: Mapping[str, float], fast_seconds: float, slow_seconds: float) -> tuple[float, float]:
+    """Seconds to add to the fast and slow ends of the step for an optimizer whose real cost is
+    ``optimizer_low`` .. ``optimizer_high`` times the counted one (negative: it may be cheaper)."""
+    low, high = features.get("optimizer_low", 1.0), features.get("optimizer_high", 1.0)
+    return fast_seconds * (min(low, 1.0) - 1.0), slow_seconds * (max(high, 1.0) - 1.0)
+
+
 def features_for(zoo_name: str | None = None, model_file: Path | None = None, batch: int | None = None,
                  gpus: int = 1) -> tuple[dict[str, float], str]:
     """Features of a zoo architecture or of the model a Python file builds, and a label for it.
 
     A model file defines ``build()`` returning ``(model, example_batch)``, optionally followed
-    by ``loss_fn`` and an optimizer name ("sgd", "adam", "adamw")."""
+    by ``loss_fn`` and an optimizer (a name, a factory or an instance; none given: assumed, interval widened)."""
     from throughput_model.features import describe
     from throughput_model.zoo import classification_loss, zoo_model
 
@@ -147,7 +162,7 @@ def features_for(zoo_name: str | None = None, model_file: Path | None = None, ba
     built = _build_from_file(model_file)
     model, example = built[0], built[1]
     loss_fn = built[2] if len(built) > 2 else None
-    optimizer = built[3] if len(built) > 3 else "adamw"
+    optimizer = built[3] if len(built) > 3 else None
     description = describe(model, example, loss_fn=loss_fn, optimizer=optimizer, gpus=gpus, batch_size=batch)
     return description.features, f"{model_file.name} ({type(model).__name__}, batch {int(description.features['batch_size'])})"
 
