@@ -185,6 +185,10 @@ class Reporter:
                     reply.num_workers,
                 )
                 active.set_num_workers(reply.num_workers)
+            elif active is not None and report.num_workers != reply.num_workers:
+                # Set already, but not what runs: set it again. A no-op while workers are on their
+                # way; a target that missed the workers reaches them at the next report, not never.
+                active.set_num_workers(reply.num_workers)
         return reply
 
     def _run(self) -> None:

@@ -139,3 +139,57 @@ def test_described_features_go_with_the_reports_until_the_controller_has_answere
         sender.report_once()
     assert sender.build_report().features == {"flops": 2e9, "params": 1e6}  # not delivered: sent again
     sender.stop()
+
+
+class _LosesItsFirstTarget:
+    """A loader whose first ``set_num_workers`` sets the target but misses the workers, as
+    adloader's did when the target came while ``iter()`` started them."""
+
+    def __init__(self, workers: int) -> None:
+        from adloader.dataloader.stats import LoaderCounters
+
+        self.counters, self.batch_size = LoaderCounters(), 4
+        self.num_workers = self.running = workers
+        self.calls = 0
+
+    def running_workers(self) -> int:
+        return self.running
+
+    def set_num_workers(self, n: int) -> None:
+        self.num_workers, self.calls = n, self.calls + 1
+        if self.calls > 1:
+            self.running = n
+
+
+def test_a_target_that_missed_the_workers_is_set_again_at_the_next_report(tmp_path: Path) -> None:
+    """The reporter compares the target with what runs, not only with what it last set."""
+    import socket
+
+    from adloader import protocol
+
+    path = str(tmp_path / "controller.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(1)
+    reports: list[protocol.Message] = []
+
+    def answer_every_report_with_one_worker() -> None:
+        connection, _ = server.accept()
+        with connection, connection.makefile("rb") as lines:
+            for line in lines:
+                reports.append(protocol.decode(line))
+                connection.sendall(protocol.encode(protocol.Target(num_workers=1)))
+
+    controller = threading.Thread(target=answer_every_report_with_one_worker, daemon=True)
+    controller.start()
+    reporter = Reporter(path, "job-x", interval=0.05)
+    loader = _LosesItsFirstTarget(workers=2)
+    try:
+        reporter.add(loader)  # starts the reporter's thread
+        wait_until(lambda: len(reports) >= 4, 30.0, "four reports")
+        assert (loader.num_workers, loader.running) == (1, 1), "the workers kept running against a target of 1"
+        assert loader.calls == 2, "set once more, then left alone once it runs"
+        assert [r.num_workers for r in reports[:2]] == [2, 2] and reports[3].num_workers == 1
+    finally:
+        reporter.stop()
+        server.close()
