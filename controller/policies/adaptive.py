@@ -72,6 +72,7 @@ from controller.policies.shares import (
     measured_model,
     predicted_busy,
     predicted_objective,
+    reserve_of,
     spread,
     workers_follow_reads,
     workers_for_span,
@@ -160,7 +161,8 @@ class AdaptivePolicy:
             return {}
         jobs = sorted(jobs, key=lambda j: j.job_id)
         measured, outgrown = self._followed(
-            {job.job_id: model for job in jobs if (model := measured_model(job)) is not None}, jobs)
+            {job.job_id: model for job in jobs if not job.unmanaged and (model := measured_model(job)) is not None},
+            jobs)
         worth, order = self.weighing(node, jobs, measured)
         weights = _times(worth, order)
         models, equals = pool_equal_worth(measured, worth, weights, counted_batches(jobs), widest=FINISH_FACTOR)
@@ -191,7 +193,7 @@ class AdaptivePolicy:
         n = len(jobs)
         core_floor, io_floor = floors(node, n)
         unknown = [job for job in jobs if job.job_id not in models]
-        reserved_cores = {job.job_id: min(node.cores / n, core_limit(node, job)) for job in unknown}
+        reserved_cores = {job.job_id: reserve_of(node, job, n) for job in unknown}
         reserved_io = {job.job_id: bandwidth / n for job in unknown}
         demands = [
             lp.JobDemand(
@@ -268,8 +270,9 @@ class AdaptivePolicy:
         not predicted to beat the current one by more than the threshold (``outgrown``: the jobs
         planned dearer than their curves this step)."""
         current = {job.job_id: job.current for job in jobs}
-        if any(a.workers is None or (a.cpu_weight is None) != (target[job_id].cpu_weight is None)
-               or (a.cores is None) != (target[job_id].cores is None) for job_id, a in current.items()):
+        if any((job.current.workers is None and not job.unmanaged)
+               or (job.current.cpu_weight is None) != (target[job.job_id].cpu_weight is None)
+               or (job.current.cores is None) != (target[job.job_id].cores is None) for job in jobs):
             return False  # a job arrived, the previous policy set other kinds of limits, or weights stopped acting
         if any((a.read_bps is None) != (target[job_id].read_bps is None) for job_id, a in current.items()):
             return False  # reads became contended (throttles go on) or stopped being (they come off)
@@ -464,7 +467,7 @@ def _workers_kept_beside_newcomers(node: NodeResources, jobs: Sequence[JobView],
     the model's need, the workers only crowd the cores (SIMULATED: 0.5-1% off the 8-GPU rows).
     A reader's workers follow the reads its throttle allows. The first plan on every model
     sets the workers the models call for; memory still caps them (shares.workers_for_span)."""
-    if all(job.job_id in models for job in jobs):
+    if all(job.job_id in models or job.unmanaged for job in jobs):  # an unmanaged job is never measured
         return target
     readers = workers_follow_reads(node, models)
     result = dict(target)

@@ -17,6 +17,6 @@ class EvenPolicy:
         read_bps = int(node.read_bps / len(jobs)) if node.read_bps else None
         allocation: dict[str, JobAllocation] = {}
         for job in jobs:
-            workers = workers_for_cores(cores / max(1, job.ranks), limit=worker_limit(node, job))
+            workers = None if job.unmanaged else workers_for_cores(cores / max(1, job.ranks), limit=worker_limit(node, job))
             allocation[job.job_id] = JobAllocation(cores=cores, cpus=node.cpus, read_bps=read_bps, workers=workers)
         return allocation

@@ -151,6 +151,20 @@ def with_plan_margin(model: JobModel, margin: float = PLAN_MARGIN) -> JobModel:
     return JobModel(max_throughput=model.max_throughput, lines=lines, bytes_per_sample=model.bytes_per_sample)
 
 
+def reserve_of(node: NodeResources, job: JobView, jobs: int) -> float:
+    """Cores held for a job without a model, one of ``jobs``: an even share of the node (C/n, within
+    what its scheduler allows), a placeholder until a newcomer's first reports. An unmanaged job
+    (JobView.unmanaged) is never modelled: it holds what its group uses, PLAN_MARGIN above (so that
+    a use held down by a contended window can grow back), up to that share; the share while its use
+    is not measured. Planned from a model instead (its history's, or a prediction), it was given the
+    floor while it used a core, and the jobs that report planned on that core
+    (tests/test_unmanaged_share.py)."""
+    share = min(node.cores / jobs, core_limit(node, job))
+    if not job.unmanaged or job.cores_used is None:
+        return share
+    return min(share, max(node.min_cores_per_job, PLAN_MARGIN * job.cores_used))
+
+
 def floors(node: NodeResources, jobs: int) -> tuple[float, float]:
     """(cores, bytes/s) every job keeps at least: the node's floor, or equal floors when
     more jobs than floors fit. Bandwidth 0 when it is not managed."""
@@ -260,7 +274,9 @@ def allocations(
         else:
             weight, span = WEIGHT_PER_CORE * c, min(most, max(c, free * planned[job.job_id] / unsatisfied_plan))
         limit = worker_limit(node, job)
-        if job.job_id in readers and job.requested_workers:
+        if job.unmanaged:
+            workers = None  # no loader of ours to set
+        elif job.job_id in readers and job.requested_workers:
             need = readers[job.job_id]
             if read_bps is not None:
                 need = min(need, read_bps[job.job_id])
@@ -440,7 +456,12 @@ def predicted_busy(
     for job in jobs:
         model = models.get(job.job_id)
         given = allocation[job.job_id]
-        demand = model.cores_to_saturate() if model is not None else node.cores / len(jobs)
+        if model is not None:
+            demand = model.cores_to_saturate()
+        elif job.unmanaged and job.cores_used is not None:
+            demand = job.cores_used  # what it takes, whatever it is planned
+        else:
+            demand = node.cores / len(jobs)
         if given.cores is not None:
             demand = min(demand, given.cores)
         if given.workers is not None:
