@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Installs adloader and what it needs on a fresh machine. Idempotent.
 #   ./install.sh               the product, into the current Python (torch CPU build 2.13.0 if no torch is present)
-#   ./install.sh --test        the product plus the test tools, Debian's prometheus and a one-node Slurm
-#                              (slurmctld, slurmd, munge, client tools: tests/test_slurm.py starts them itself)
+#   ./install.sh --test        the product plus the test tools and, as root with apt, Debian's prometheus and
+#                              Slurm (slurmctld, slurmd, munge, client tools). Their daemons are not started
+#                              (a policy-rc.d refuses it during the install): the tests start their own.
 #   sudo ./install.sh --system a server install: a venv in /opt/adloader (it sees the system's packages, so a
-#                              CUDA torch already there is kept), /usr/local/bin/adloader for every user, the
-#                              systemd unit and /etc/default/adloader; enables and (re)starts the service.
+#                              CUDA torch already there is kept; run from a venv whose torch the system lacks,
+#                              it is given that torch through a .pth file instead of a download),
+#                              /usr/local/bin/adloader for every user, the systemd unit and /etc/default/adloader;
+#                              enables and (re)starts the service.
 #                              Run it again after `git pull` to upgrade: running jobs are adopted.
 #   sudo ./install.sh --uninstall [--purge]
 #                              stops the service, lifts every limit and removes every job group (the jobs keep
@@ -38,12 +41,28 @@ ensure_torch() {
   fi
 }
 
+# The server venv sees the system's packages, not those of a venv that $PY may belong to (venv builds
+# on the base interpreter). When only $PY's environment has torch (a user's venv, its CUDA build), a .pth
+# file puts that environment's site-packages after the server venv's own: its torch is used, not
+# downloaded again. The server then needs that environment: the message says so.
+share_torch_of_installer() {
+  local venv_python=$1 torch_site server_site
+  "$venv_python" -c 'import torch' 2>/dev/null && return 0
+  torch_site=$("$PY" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' 2>/dev/null) \
+    || return 0
+  server_site=$("$venv_python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+  echo "$torch_site" > "$server_site/adloader-installer-torch.pth"
+  echo "install.sh: the server venv uses the torch in $torch_site (the environment of $PY): keep that" \
+       "environment, or install torch for the system's Python and run install.sh --system again"
+}
+
 system_install() {
   need_root
   # No pip of its own: the system's pip and setuptools serve it (an older bundled setuptools would
   # shadow them); ensurepip only where the system has no pip.
   [ -x "$PREFIX/bin/python" ] || "$PY" -m venv --system-site-packages --without-pip "$PREFIX"
   "$PREFIX/bin/python" -m pip --version >/dev/null 2>&1 || "$PREFIX/bin/python" -m ensurepip -q
+  share_torch_of_installer "$PREFIX/bin/python"
   ensure_torch "$PREFIX/bin/python"
   "$PREFIX/bin/python" -c 'import setuptools, sys; sys.exit(int(setuptools.__version__.split(".")[0]) < 71)' \
     2>/dev/null || "$PREFIX/bin/python" -m pip install -q 'setuptools>=71'
@@ -89,6 +108,35 @@ system_uninstall() {
   fi
 }
 
+# apt-get install without starting the packages' daemons (Prometheus on :9090, slurmctld, munged): the
+# tests start their own. A policy-rc.d that refuses every start, for the length of the install, is how
+# Debian lets an installer say so; nothing is started, so nothing needs stopping. A policy-rc.d the
+# machine already has is left to decide; then only the service manager stops what started.
+# $1: the packages' services (space-separated), $2...: the packages.
+apt_install_without_starting() {
+  local services=$1 policy=/usr/sbin/policy-rc.d made=0 status=0
+  shift
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\n# install.sh: no daemon starts while it installs packages\nexit 101\n' > "$policy"
+    chmod 0755 "$policy"
+    made=1
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq --no-install-recommends "$@" >/dev/null || status=$?
+  if [ $made = 1 ]; then
+    rm -f "$policy"
+    trap - EXIT
+  else
+    local unit
+    for unit in $services; do
+      (systemctl stop "$unit" 2>/dev/null || service "$unit" stop 2>/dev/null) >/dev/null 2>&1 || true
+    done
+  fi
+  return $status
+}
+
 case "$mode" in
   --system) system_install; exit 0 ;;
   --uninstall) system_uninstall "${2:-}"; exit 0 ;;
@@ -112,24 +160,17 @@ command -v pyenv >/dev/null 2>&1 && pyenv rehash || true
 
 if [ $want_tests = 1 ] && ! command -v promtool >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "install.sh: installing Debian's prometheus (server and promtool) for the tests"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >/dev/null
-    apt-get install -y -qq --no-install-recommends prometheus >/dev/null
-    # The package starts a system Prometheus on :9090; the tests run their own.
-    (systemctl stop prometheus 2>/dev/null || service prometheus stop 2>/dev/null || pkill -x prometheus) >/dev/null 2>&1 || true
+    echo "install.sh: installing Debian's prometheus (server and promtool) for the tests; its service is not started"
+    apt_install_without_starting "prometheus" prometheus
   else
     echo "install.sh: promtool missing and cannot apt-get it here; the Prometheus tests will be skipped" >&2
   fi
 fi
 if [ $want_tests = 1 ] && ! command -v slurmd >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "install.sh: installing Debian's Slurm (slurmctld, slurmd, munge, client tools) for tests/test_slurm.py"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >/dev/null
-    apt-get install -y -qq --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null
-    # On a systemd host the packages may start daemons with the stock configuration; the test runs its own.
-    (systemctl stop slurmctld slurmd 2>/dev/null || true) >/dev/null 2>&1
+    echo "install.sh: installing Debian's Slurm (slurmctld, slurmd, munge, client tools) for tests/test_slurm.py;" \
+         "its services are not started"
+    apt_install_without_starting "slurmctld slurmd munge" slurmctld slurmd slurm-client munge
   else
     echo "install.sh: Slurm missing and cannot apt-get it here; tests/test_slurm.py will be skipped" >&2
   fi

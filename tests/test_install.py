@@ -4,7 +4,8 @@ manages a real job; ``install.sh --uninstall`` refuses while that controller run
 once it has stopped, lifts every limit and removes every group, the job still running.
 
 The install goes to temporary paths (``ADLOADER_PREFIX`` and friends) and pip may not
-reach any index (``PIP_NO_INDEX``): nothing is downloaded, torch above all. systemd is
+reach any index (``PIP_NO_INDEX``): nothing is downloaded, torch above all. Run from a venv
+(whose torch the system's Python lacks), the server venv is given the venv's torch. systemd is
 not needed: where it does not run, the test starts the unit's ExecStart itself, with the
 environment the unit would give it.
 """
@@ -80,7 +81,7 @@ def test_system_install_serves_jobs_and_uninstall_leaves_no_group(layout: dict[s
     command = layout["bin"] / "adloader"
     assert os.readlink(command) == str(layout["prefix"] / "bin" / "adloader")
     probe = subprocess.run([str(layout["prefix"] / "bin" / "python"), "-c",
-                            "import adloader, controller, launcher; print(adloader.__file__)"],
+                            "import adloader, controller, launcher, torch; print(adloader.__file__)"],
                            capture_output=True, text=True, cwd="/", env={"PATH": "/usr/bin:/bin"}, timeout=60)
     assert probe.stdout.startswith(str(layout["prefix"])), probe  # the venv's copy, not the clone's
     unit = layout["units"] / "adloader-controller.service"
