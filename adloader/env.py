@@ -11,6 +11,7 @@ from typing import Mapping
 
 SOCKET_VAR = "ADLOADER_SOCKET"
 JOB_ID_VAR = "ADLOADER_JOB_ID"
+SUBSTITUTE_VAR = "ADLOADER_SUBSTITUTE"
 
 
 def socket_override(environ: Mapping[str, str] | None = None) -> str | None:
@@ -48,9 +49,27 @@ def world_size(environ: Mapping[str, str] | None = None) -> int:
     return int(value) if value.strip().isdigit() and int(value) > 0 else 1
 
 
-def managed_environment(base: Mapping[str, str], socket_path: str, job: str) -> dict[str, str]:
-    """The environment the launcher gives the training command of a managed job."""
+def substitution_on(environ: Mapping[str, str] | None = None) -> bool:
+    """``ADLOADER_SUBSTITUTE``: ``1`` (the launcher's default) makes the DataLoaders of a managed
+    job's processes adloader's with no code change (adloader.autoload); ``0`` (``adloader run
+    --no-substitute``) leaves them torch's. It acts only in a managed job (``ADLOADER_JOB_ID``
+    and ``ADLOADER_SOCKET`` set); the launcher also puts the start-up hook's directory first on
+    ``PYTHONPATH``, which every process of the job inherits."""
+    environ = environ if environ is not None else os.environ
+    return environ.get(SUBSTITUTE_VAR, "") == "1" and job_id(environ) is not None and socket_override(environ) is not None
+
+
+def managed_environment(base: Mapping[str, str], socket_path: str, job: str, substitute: bool = True) -> dict[str, str]:
+    """The environment the launcher gives the training command of a managed job: the socket, the
+    job id and, with ``substitute``, the start-up hook on ``PYTHONPATH`` (see :func:`substitution_on`)."""
+    from adloader.autoload import BOOT_DIR
+
     env = dict(base)
     env[SOCKET_VAR] = socket_path
     env[JOB_ID_VAR] = job
+    env[SUBSTITUTE_VAR] = "1" if substitute else "0"
+    if substitute:
+        inherited = env.get("PYTHONPATH")
+        entries = [e for e in inherited.split(os.pathsep) if e != str(BOOT_DIR)] if inherited else []
+        env["PYTHONPATH"] = os.pathsep.join([str(BOOT_DIR), *entries])
     return env

@@ -17,7 +17,7 @@ class LaunchError(AdloaderError):
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.usage = ("adloader run [--name NAME] [--gpus N] [--num-workers N] [--samples N] [--model-features FILE] "
-                    "[--socket PATH] -- COMMAND...")
+                    "[--socket PATH] [--no-substitute] -- COMMAND...")
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = (
         "controller socket: --socket PATH, else $ADLOADER_SOCKET, else the first that answers of\n"
@@ -38,6 +38,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="JSON object of model features (from `adloader model`) for the throughput prediction")
     parser.add_argument("--socket", type=Path, default=None, metavar="PATH",
                         help="the controller's socket (default: $ADLOADER_SOCKET, else the search order below)")
+    parser.add_argument("--no-substitute", dest="substitute", action="store_false",
+                        help="leave the job's DataLoaders torch's (by default every torch DataLoader the job's "
+                        "processes build is adloader's, resized by the controller, with no code change)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the training command, after --")
 
 
@@ -57,6 +60,7 @@ def main(args: argparse.Namespace) -> int:
         num_workers=args.num_workers,
         features=load_features(args.model_features) if args.model_features else None,
         samples=args.samples,
+        substitute=args.substitute,
     )
     return run_job(request, [args.socket] if args.socket else paths.client_socket_paths())
 

@@ -52,6 +52,8 @@ class JobRequest:
     num_workers: int | None = None
     features: dict[str, float] | None = None
     samples: int | None = None
+    substitute: bool = True
+    """Make the job's DataLoaders adloader's with no code change (adloader.autoload); False: torch's."""
 
 
 def gpus_from_environment(environ: Mapping[str, str]) -> int:
@@ -178,7 +180,8 @@ def run_job(request: JobRequest, socket_paths: Sequence[str | Path], environ: Ma
         managed = register(request, socket_paths)
         command_env = dict(environ)
         if managed is not None:
-            command_env = env.managed_environment(environ, managed.socket_path, managed.job_id)
+            command_env = env.managed_environment(environ, managed.socket_path, managed.job_id,
+                                                  substitute=request.substitute)
         early = signal.sigtimedwait(FORWARDED_SIGNALS, 0)
         if early is not None:
             log.warning("%s arrived before the command started; not starting it",

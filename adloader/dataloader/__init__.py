@@ -19,5 +19,5 @@ from adloader.dataloader.loader import DataLoader
 
 __all__ = [
     "DataLoader", "LoaderError", "PoisonBatchError", "UnsupportedOption", "WorkersCannotStart",
-    "IterableWorkerDied", "BadLoaderState", "BadWorkerCount", "WorkerDiedWarning",
+    "IterableWorkerDied", "BadLoaderState", "BadWorkerCount", "WorkerDiedWarning", "TorchLoaderFallback",
 ]

@@ -41,5 +41,9 @@ class BadLoaderState(LoaderError, ValueError):
     """load_state_dict() was given a state this loader cannot resume from."""
 
 
+class TorchLoaderFallback(RuntimeWarning):
+    """Under ``adloader run``, a DataLoader adloader cannot run runs as torch's: not resized, not managed."""
+
+
 class WorkerDiedWarning(RuntimeWarning):
     """A loader worker died; its unfinished batches were given to the other workers."""

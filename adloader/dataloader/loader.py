@@ -6,6 +6,13 @@ and the other attributes are torch's, and ``isinstance(loader,
 torch.utils.data.DataLoader)`` holds for frameworks that check it. Only the
 iteration is ours (see iterator.py and dispatcher.py). Differences from
 torch's loader are listed in docs/dataloader.md.
+
+A loader this one cannot run (an option it does not support, or a subclass that builds its
+own iterator or never calls this ``__init__``) runs *as torch's*: torch's ``__init__`` and
+``__iter__``, no reports, no resizes. Built directly that is an :class:`UnsupportedOption`
+error; under ``adloader run``'s substitution (adloader.autoload), where the program asked for
+torch's loader, it is a fallback with one :class:`TorchLoaderFallback` warning per process,
+and the reason is recorded for the job's reports (adloader.unmanaged).
 """
 from __future__ import annotations
 
@@ -23,9 +30,9 @@ import torch
 import torch.utils.data
 from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory
 
-from adloader import reporter
+from adloader import reporter, unmanaged
 from adloader.dataloader.dispatcher import Pool
-from adloader.dataloader.errors import BadLoaderState, BadWorkerCount, UnsupportedOption
+from adloader.dataloader.errors import BadLoaderState, BadWorkerCount, TorchLoaderFallback, UnsupportedOption
 from adloader.dataloader.fetch import FetchSpec
 from adloader.dataloader.iterator import LoaderIterator, LocalLoading, Source
 from adloader.dataloader.seeding import draw_base_seed, isolated_global_rng
@@ -37,9 +44,19 @@ STATE_VERSION = 1
 _IN_EPOCH_KEYS = ("epoch", "base_seed", "position", "yielded", "rng_state", "streams")
 
 T_co = TypeVar("T_co", covariant=True)
+TorchDataLoader = torch.utils.data.DataLoader
+"""torch's own loader (``torch.utils.data.DataLoader`` may be ours once substituted)."""
+_fallback = False
 
 
-class DataLoader(torch.utils.data.DataLoader[T_co]):
+def fall_back_when_unsupported() -> None:
+    """From now on, in this process, a loader this class cannot run runs as torch's (with one
+    warning) instead of raising: the substitution's mode, where the program asked for torch's loader."""
+    global _fallback
+    _fallback = True
+
+
+class DataLoader(TorchDataLoader[T_co]):
     """Drop-in for :class:`torch.utils.data.DataLoader` whose worker count can change mid-epoch.
 
     ``set_num_workers(n)`` (any thread, takes effect within a second) resizes
@@ -51,6 +68,12 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
     proc_root = "/proc"  # where workers read their I/O counters; tests may point it elsewhere
     step_events: StepEvents | None = None  # the step timer's device markers (None: CUDA's); bench.gpu may emulate
+    _class_runs_as_torch: str | None = None  # set on subclasses that build their own iterator
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls._get_iterator is not TorchDataLoader._get_iterator:
+            cls._class_runs_as_torch = f"{cls.__qualname__} builds its own iterator (_get_iterator)"
 
     def __init__(
         self,
@@ -73,13 +96,21 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         pin_memory_device: str = "",
         in_order: bool = True,
     ) -> None:
-        _reject_unsupported(dataset, prefetch_factor, in_order)
+        reason = self._class_runs_as_torch or unsupported_reason(dataset, prefetch_factor, in_order)
+        if reason is not None and not (_fallback or self._class_runs_as_torch):
+            raise UnsupportedOption(reason)
         self.__dict__["_target"] = num_workers  # torch's __init__ assigns num_workers through our property
         super().__init__(
             dataset, batch_size, shuffle, sampler, batch_sampler, num_workers, collate_fn, pin_memory, drop_last,
             timeout, worker_init_fn, multiprocessing_context, generator, prefetch_factor=prefetch_factor,
             persistent_workers=persistent_workers, pin_memory_device=pin_memory_device, in_order=in_order,
         )
+        if reason is not None:
+            self.__dict__["_runs_as_torch"] = reason
+            if unmanaged.note_unmanaged(reason):
+                warnings.warn(f"adloader: this DataLoader runs as torch's, unmanaged: {reason}", TorchLoaderFallback,
+                              stacklevel=2)
+            return
         self._prefetch = prefetch_factor if prefetch_factor is not None else 2
         self._lock = threading.Lock()
         self._applying = threading.Lock()  # see _apply_target
@@ -95,6 +126,13 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         self._latencies: list[float] = []
         self.__dict__["_initialised"] = True
         reporter.attach(self)
+
+    @property
+    def unmanaged_reason(self) -> str | None:
+        """Why this loader runs as torch's (not resized, not reporting); None when it is adloader's."""
+        if "_initialised" in self.__dict__:
+            return None
+        return self.__dict__.get("_runs_as_torch") or f"{type(self).__qualname__} does not call DataLoader.__init__"
 
     # ------------------------------------------------------------ resizing
 
@@ -119,6 +157,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
             raise BadWorkerCount(f"num_workers must be an integer, got {type(n).__name__}") from None
         if not 0 <= n <= MAX_WORKERS:
             raise BadWorkerCount(f"num_workers must be between 0 and {MAX_WORKERS}, got {n}")
+        if self.unmanaged_reason is not None:
+            self.__dict__["_target"] = n  # torch's loader takes it at the next iter()
+            return
         with self._lock:
             self.__dict__["_target"] = n
         self._apply_target()
@@ -159,6 +200,9 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
 
     def close(self) -> None:
         """Stop every worker now (persistent ones included). Iterating again starts new ones."""
+        if self.unmanaged_reason is not None:
+            self._iterator = None  # torch's persistent iterator, if any: its workers stop when it goes
+            return
         with self._lock:
             pool, self._pool = self._pool, None
             iterators = list(self._iterators)
@@ -177,6 +221,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     # ------------------------------------------------------------ iteration
 
     def __iter__(self) -> LoaderIterator:  # type: ignore[override]
+        if self.unmanaged_reason is not None:
+            return TorchDataLoader.__iter__(self)
         if self._timer is None:
             self._timer = make_step_timer(self.counters, self.step_events)
         resume, self._resume = self._resume, None
@@ -279,6 +325,8 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         )
 
     def _sources(self) -> list[Source]:
+        if self.unmanaged_reason is not None:
+            return []
         with self._lock:
             sources = [it.source for it in self._iterators if not it.finished]
             if self._pool is not None:
@@ -318,7 +366,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
     # ------------------------------------------------------------ checkpointing (torchdata's Stateful protocol)
 
     def state_dict(self) -> dict[str, Any]:
-        """Where this loader is: resuming from it yields exactly the batches not yet delivered."""
+        """Where this loader is: resuming from it yields exactly the batches not yet delivered.
+        Empty for a loader that runs as torch's (it keeps no position, as torch's)."""
+        if self.unmanaged_reason is not None:
+            return {}
         with self._lock:
             iterator = self._current() if self._current is not None else None
         state: dict[str, Any] = {
@@ -338,7 +389,10 @@ class DataLoader(torch.utils.data.DataLoader[T_co]):
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from ``state_dict()``: the next ``iter()`` continues where the saved one stopped."""
+        """Resume from ``state_dict()``: the next ``iter()`` continues where the saved one stopped.
+        A loader that runs as torch's takes only the empty state it saves."""
+        if self.unmanaged_reason is not None and state == {}:
+            return
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise BadLoaderState(
                 f"expected a state from adloader.DataLoader.state_dict() (version {STATE_VERSION}), "
@@ -379,18 +433,16 @@ def _pin_on(device_type: str, device_index: int, data: Any) -> Any:
     return torch_pin_memory(data, device_type)
 
 
-def _reject_unsupported(dataset: Any, prefetch_factor: int | None, in_order: bool) -> None:
+def unsupported_reason(dataset: Any, prefetch_factor: int | None, in_order: bool) -> str | None:
+    """Why adloader's loader cannot run these arguments (what to do instead), or None."""
     if not in_order:
-        raise UnsupportedOption(
-            "in_order=False is not supported: adloader.DataLoader always delivers batches in the sampler's "
-            "order (its exactly-once, resumable delivery depends on it); drop the argument"
-        )
+        return ("in_order=False is not supported: adloader.DataLoader always delivers batches in the sampler's "
+                "order (its exactly-once, resumable delivery depends on it); drop the argument")
     if prefetch_factor == 0:
-        raise UnsupportedOption("prefetch_factor=0 would never send a worker any work; use 1 or more (or None)")
+        return "prefetch_factor=0 would never send a worker any work; use 1 or more (or None)"
     datapipes = tuple(
         cls for cls in (getattr(torch.utils.data, n, None) for n in ("IterDataPipe", "MapDataPipe")) if cls
     )
     if datapipes and isinstance(dataset, datapipes):
-        raise UnsupportedOption(
-            "DataPipes (deprecated in torch) are not supported; wrap the pipe in a Dataset or IterableDataset"
-        )
+        return "DataPipes (deprecated in torch) are not supported; wrap the pipe in a Dataset or IterableDataset"
+    return None
