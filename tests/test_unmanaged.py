@@ -68,3 +68,24 @@ def test_a_job_that_never_reports_is_unmanaged_after_the_grace_and_its_launcher_
     (line,) = warned(fallback)
     assert FALLBACK in line
     assert warned(managed) == []
+
+
+BUSY_TENTH = (sys.executable, "-c", "import time\nwhile True:\n    t = time.monotonic()\n"
+              "    while time.monotonic() - t < 0.01: pass\n    time.sleep(0.09)")
+"""A job that computes about a tenth of a core and never reports (its loading is its own)."""
+
+
+def test_adaptive_holds_an_unmanaged_job_what_its_group_uses_not_an_even_share(
+    start_controller: Callable[..., ControllerProcess],
+) -> None:
+    controller = start_controller("--policy", "adaptive", "--cpus", "0", "--unmanaged-after", "1")
+    silent = controller.registered(controller.run(*BUSY_TENTH, name="own-loop"))
+    controller.registered(controller.run(*REPORTING_JOB, name="managed"))
+
+    def measured() -> object:
+        job = controller.job(silent.job_id)
+        return job if job is not None and job.state == "unmanaged" and job.cores_used and job.cpu_weight else None
+    job = wait_until(measured, 20, "the unmanaged job's CPU measured and weighted")
+    assert job.cores_used < 0.3, job.cores_used
+    # An even share of the one core would be weight 50; what it uses, with the plan's margin, is well under it.
+    assert job.cpu_weight < 40, (job.cpu_weight, job.cores_used)

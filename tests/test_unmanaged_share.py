@@ -106,3 +106,17 @@ def test_even_splits_with_an_unmanaged_job_but_gives_it_no_workers_static_touche
     even = make_policy("even").allocate(node, [_hungry("a"), silent])
     assert (even["u"].cores, even["u"].workers) == (1.0, None) and even["a"].workers == 1
     assert make_policy("static").allocate(node, [_hungry("a"), silent])["u"] == JobAllocation()
+
+
+def test_a_job_found_unmanaged_is_planned_anew_not_kept_at_its_newcomers_placeholder() -> None:
+    """Its even share was a newcomer's placeholder: kept for gaining nothing (the job has no model,
+    so no plan for it predicts a gain), it held half of a core it used a tenth of for the whole run."""
+    node = NodeResources(cpus=(0,))
+    policy = make_policy("adaptive")
+    newcomer = JobView(job_id="u", name="u", cores_used=0.1, since_event_s=30.0, allocation_age_s=30.0)
+    first = policy.allocate(node, [_hungry("a"), newcomer])
+    assert _planned(first["u"]) == 0.5
+    found = dataclasses.replace(newcomer, unmanaged=True, current=first["u"])
+    then = policy.allocate(node, [dataclasses.replace(_hungry("a"), current=first["a"], since_event_s=30.0,
+                                                      allocation_age_s=30.0), found])
+    assert then["u"].workers is None and math.isclose(_planned(then["u"]), PLAN_MARGIN * 0.1, abs_tol=0.01)
