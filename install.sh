@@ -153,7 +153,7 @@ if [ $want_tests = 1 ]; then
   # the installed torch as a constraint: pip must never download or replace torch for them.
   pin=$(mktemp)
   "$PY" -c 'import torch; print("torch==" + torch.__version__.split("+")[0])' > "$pin"
-  "$PY" -m pip install -q -c "$pin" -e ".[lightning,accelerate]" torchdata
+  "$PY" -m pip install -q -c "$pin" -e ".[lightning,accelerate,transformers]" torchdata
   rm -f "$pin"
 fi
 command -v pyenv >/dev/null 2>&1 && pyenv rehash || true
