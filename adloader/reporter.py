@@ -85,12 +85,16 @@ class Reporter:
         self._client = ControllerClient(socket_path)
         self._connected: bool | None = None  # None: never tried
         self._refusals_logged: set[str] = set()
+        self._asked = 0
+        """The most workers a loader of this process was built with: what the job asked for."""
+        self._told_fewer = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def add(self, loader: Reportable) -> None:
         with self._lock:
             self._loaders.append((weakref.ref(loader), loader.counters))
+            self._asked = max(self._asked, loader.num_workers)
             if self._active is None:
                 self._active = weakref.ref(loader)
             if self._thread is None:
@@ -189,7 +193,19 @@ class Reporter:
                 # Set already, but not what runs: set it again. A no-op while workers are on their
                 # way; a target that missed the workers reaches them at the next report, not never.
                 active.set_num_workers(reply.num_workers)
+            self._say_if_fewer(reply)
         return reply
+
+    def _say_if_fewer(self, target: protocol.Target) -> None:
+        """Warn once, in the job's own output, when the controller gives this rank fewer loader
+        workers than the job asked for, with the controller's reason: otherwise only the
+        controller's log says so."""
+        if self._told_fewer or target.num_workers is None or target.num_workers >= self._asked:
+            return
+        self._told_fewer = True
+        log.warning("adloader: the controller gives this rank %d loader worker%s, fewer than the %d it asked for: %s",
+                    target.num_workers, "" if target.num_workers == 1 else "s", self._asked,
+                    target.reason or "its policy decided so")
 
     def _run(self) -> None:
         backoff = FIRST_BACKOFF_S
