@@ -144,3 +144,25 @@ def test_unknown_optimizers_are_estimated_never_refused(caplog) -> None:
     stepped = describe(model, BATCH, optimizer=fresh).features
     assert _optimizer_cost(stepped) == optimizers.FALLBACK_COST["sgd"]
     assert (stepped["optimizer_low"], stepped["optimizer_high"]) == optimizers.STATE_RANGE
+
+
+class _TiedLM(nn.Module):
+    """A language model whose output head shares the embedding's weight (as most do)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(500, 64)
+        self.body = nn.Linear(64, 64)
+        self.head = nn.Linear(64, 500, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.body(self.embed(ids))))
+
+
+def test_tied_weights_are_counted_once_and_stay_tied() -> None:
+    model = _TiedLM()
+    description = describe(model, torch.randint(0, 500, (4, 16)), optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    assert description.features["count_complete"] == 1.0, description.notes
+    assert description.features["params"] == sum(p.numel() for p in model.parameters())  # the table once
+    assert description.features["param_tensors"] == 3.0

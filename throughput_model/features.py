@@ -95,8 +95,10 @@ def describe(
     """
     started = time.perf_counter()
     notes: list[str] = []
-    params = {n: _meta(p, p.requires_grad) for n, p in model.named_parameters(remove_duplicate=False)}
-    buffers = {n: _meta(b, False) for n, b in model.named_buffers(remove_duplicate=False)}
+    twins: dict[int, torch.Tensor] = {}  # one meta tensor per real one: tied weights stay tied (and count once)
+    params = {n: twins.setdefault(id(p), _meta(p, p.requires_grad))
+              for n, p in model.named_parameters(remove_duplicate=False)}
+    buffers = {n: twins.setdefault(id(b), _meta(b, False)) for n, b in model.named_buffers(remove_duplicate=False)}
     trainable = [p for p in {id(p): p for p in params.values()}.values() if p.requires_grad]
     meta_by_id = {id(p): params[n] for n, p in model.named_parameters(remove_duplicate=False)}
     batch = tree_map(lambda t: _meta(t, False) if isinstance(t, torch.Tensor) else t, example_batch)
