@@ -4,6 +4,9 @@ The file format (``adloader bench --mix FILE``)::
 
     {"name": "...", "description": "...",          (optional)
      "read_bps": 200e6,                            (optional: the node's read budget)
+     "gpus": 8,                                    (optional: the node's GPUs; a job that does not
+                                                    fit in the free ones at its arrival_s waits,
+                                                    first come first served: bench/gpu_queue.py)
      "jobs": [{"name": str, "gpus": int, "batch_size": int,
                "compute_ms_per_batch": float, "image_px": int, "samples": int,
                "arrival_s": float, "num_workers": int, "io_bound": bool,
@@ -104,6 +107,8 @@ class Mix:
     name: str = "mix"
     description: str = ""
     read_bps: float | None = None
+    gpus: int | None = None
+    """The node's GPUs: jobs queue for them (bench/gpu_queue.py); None: every job starts at its arrival."""
 
     def scaled(self, factor: float) -> "Mix":
         """The same mix with every job's samples and arrival scaled by ``factor`` (--quick)."""
@@ -113,12 +118,14 @@ class Mix:
                        "phase_after_s": None if j.phase_after_s is None else j.phase_after_s * factor})
             for j in self.jobs
         )
-        return Mix(jobs=jobs, name=self.name, description=self.description, read_bps=self.read_bps)
+        return Mix(jobs=jobs, name=self.name, description=self.description, read_bps=self.read_bps, gpus=self.gpus)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"name": self.name, "description": self.description}
         if self.read_bps is not None:
             data["read_bps"] = self.read_bps
+        if self.gpus is not None:
+            data["gpus"] = self.gpus
         data["jobs"] = [{k: v for k, v in asdict(j).items() if v is not None} for j in self.jobs]
         return data
 
@@ -157,12 +164,16 @@ def mix_from_dict(data: Any, where: str = "mix") -> Mix:
     problems: list[str] = []
     if not isinstance(data, dict) or not isinstance(data.get("jobs"), list) or not data["jobs"]:
         raise MixError(f"{where}: expected an object with a non-empty list \"jobs\" (see bench/mix.py)")
-    unknown = set(data) - {"name", "description", "read_bps", "jobs"}
+    unknown = set(data) - {"name", "description", "read_bps", "gpus", "jobs"}
     if unknown:
         problems.append(f"unknown top-level field(s) {sorted(unknown)}")
     read_bps = data.get("read_bps")
     if read_bps is not None and (type(read_bps) not in (int, float) or not read_bps > 0):
         problems.append(f"read_bps must be a positive number of bytes/s, got {read_bps!r}")
+    node_gpus = data.get("gpus")
+    if node_gpus is not None and (type(node_gpus) is not int or not 1 <= node_gpus <= 1024):
+        problems.append(f"gpus (the node's) must be an integer in [1, 1024], got {node_gpus!r}")
+        node_gpus = None
     jobs: list[JobSpec] = []
     for index, raw in enumerate(data["jobs"]):
         label = f"jobs[{index}]" + (f" ({raw.get('name')})" if isinstance(raw, dict) and raw.get("name") else "")
@@ -177,6 +188,9 @@ def mix_from_dict(data: Any, where: str = "mix") -> Mix:
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         problems.append(f"job names must be unique (the oracle matches curves by name): {duplicates}")
+    too_big = sorted(j.name for j in jobs if node_gpus is not None and j.gpus > node_gpus)
+    if too_big:
+        problems.append(f"job(s) {too_big} need more than the node's {node_gpus} GPUs and would wait forever")
     if problems:
         raise MixError(f"{where}: " + "; ".join(problems))
     return Mix(
@@ -184,6 +198,7 @@ def mix_from_dict(data: Any, where: str = "mix") -> Mix:
         name=str(data.get("name", "mix")),
         description=str(data.get("description", "")),
         read_bps=float(read_bps) if read_bps is not None else None,
+        gpus=node_gpus,
     )
 
 

@@ -6,7 +6,8 @@ Per run (all numbers GPU-emulated: a job's GPU step is a sleep):
   for to last step done);
 - ``samples_per_s``: all samples of all jobs / makespan;
 - ``makespan_s``: first arrival to the last job's exit;
-- ``mean_jct_s``: mean of (exit − arrival) over jobs;
+- ``mean_jct_s``: mean of (exit − arrival) over jobs, time waiting for GPUs included (a mix
+  with ``"gpus"``; each job's ``queued_s``, ``start_s`` and ``end_s`` say where it went);
 - ``controller_cpu_pct``: the controller's CPU time / run wall time, % of one core;
 - ``controller_wait_pct``: the time its control loop's thread waited for a CPU (run queue,
   controller/cpu_wait.py) / run wall time, %: near 0 when its weight shields it from the jobs;
@@ -72,6 +73,10 @@ def score_run(run: RunOutcome) -> dict[str, Any]:
             "gpus": outcome.spec.gpus,
             "busy_fraction": busy / wall if wall > 0 else 0.0,
             "jct_s": (outcome.ended_s or 0.0) - outcome.spec.arrival_s,
+            # in the queue for the node's GPUs (a mix with "gpus"), then running: from arrival
+            "queued_s": outcome.launched_s - outcome.spec.arrival_s,
+            "start_s": outcome.launched_s,
+            "end_s": outcome.ended_s,
             "samples": timeline.get("samples", 0),
             "loader_cpu_s": timeline.get("cpu_s"),
             # where the job's GPU idled (the simulator's check against reality needs them apart):

@@ -34,6 +34,7 @@ from adloader.errors import AdloaderError
 from bench.controller_process import (
     CGROUP_ROOT, Cleanup, ControllerProcess, JobProcess, base_environment, cgroup_of, move_into,
 )
+from bench.gpu_queue import starting_now
 from bench.mix import JobSpec, Mix
 from bench.model_jobs import write_features
 from controller.backends.cgroupfs import write_interface
@@ -68,7 +69,8 @@ class NodeSetup:
 class JobOutcome:
     spec: JobSpec
     launched_s: float
-    """Seconds after the run's start the launcher was started."""
+    """Seconds after the run's start the launcher was started: its arrival, or later where it
+    waited for GPUs (a mix giving the node's ``gpus``)."""
     ended_s: float | None = None
     exit_code: int | None = None
     timeline: dict | None = None
@@ -121,9 +123,13 @@ def run_policy(
     os.chmod(run_dir, 0o755)
     name, training = split_variant(policy)
     curves = {CURVES_VAR: str(oracle_curves)} if name == "oracle" and oracle_curves is not None else {}
+    queue_file = run_dir / "pending.json" if mix.gpus is not None else None
+    if queue_file is not None:
+        write_pending(queue_file, [])
     controller = ControllerProcess(
         socket=run_dir / "s.sock", state_dir=state_dir or run_dir / "state",
-        group=f"adloader-bench-{uuid.uuid4().hex[:8]}", period=node.period_s, options=_controller_options(name, training, node),
+        group=f"adloader-bench-{uuid.uuid4().hex[:8]}", period=node.period_s,
+        options=_controller_options(name, training, node, queue_file),
         log_path=run_dir / "controller.log", environ=base_environment(**curves),
     )
     cleanup = Cleanup(graceful=True)
@@ -141,20 +147,27 @@ def run_policy(
             start = time.monotonic()
             started_at = time.time()
             pending = sorted(mix.jobs, key=lambda j: j.arrival_s)
+            waiting: list[JobSpec] = []
+            told: list[str] | None = None  # the waiting jobs the controller was last told of
             status_samples: list[tuple[float, dict[str, dict]]] = []
-            while pending or any(o.ended_s is None for o in outcomes):
+            while pending or waiting or any(o.ended_s is None for o in outcomes):
                 now = time.monotonic() - start
                 if now > timeout_s:
                     raise BenchError(f"{policy}: the mix did not finish within {timeout_s:.0f}s; logs in {run_dir}")
-                while pending and pending[0].arrival_s <= now:
-                    spec = pending.pop(0)
-                    launchers[spec.name] = _launch(controller, spec, datasets[spec.name], run_dir, send_features)
-                    outcomes.append(JobOutcome(spec=spec, launched_s=now))
                 for outcome in outcomes:
                     if outcome.ended_s is None:
                         code = launchers[outcome.spec.name].proc.poll()
                         if code is not None:
                             outcome.ended_s, outcome.exit_code = time.monotonic() - start, code
+                while pending and pending[0].arrival_s <= now:
+                    waiting.append(pending.pop(0))
+                for spec in starting_now(waiting, free_gpus(mix, outcomes), lambda spec: spec.gpus):
+                    waiting.remove(spec)
+                    launchers[spec.name] = _launch(controller, spec, datasets[spec.name], run_dir, send_features)
+                    outcomes.append(JobOutcome(spec=spec, launched_s=now))
+                if queue_file is not None and told != [spec.name for spec in waiting]:
+                    write_pending(queue_file, waiting)
+                    told = [spec.name for spec in waiting]
                 snapshot = controller.poll_status()
                 if controller.proc.poll() is not None:
                     raise BenchError(f"{policy}: the controller exited with {controller.proc.returncode}; "
@@ -217,12 +230,31 @@ def split_variant(policy: str) -> tuple[str, str]:
     return name, training
 
 
-def _controller_options(policy: str, training: str, node: NodeSetup) -> tuple[str, ...]:
+def _controller_options(policy: str, training: str, node: NodeSetup, queue_file: Path | None = None
+                        ) -> tuple[str, ...]:
     options = ("--policy", policy, "--cpus", node.cpus, "--backend", "cgroup-v1",
                "--settle-period", str(node.settle_period_s), "--training-processes", training)
+    if queue_file is not None:  # what waits for the node's GPUs, as a scheduler would tell it
+        options += ("--pending", str(queue_file))
     if node.read_bps is not None and node.read_device is not None:
         options += ("--read-bps", str(int(node.read_bps)), "--read-device", node.read_device)
     return options
+
+
+def free_gpus(mix: Mix, outcomes: list[JobOutcome]) -> int | None:
+    """GPUs of the mix's node no running job holds; None where the mix does not model them."""
+    if mix.gpus is None:
+        return None
+    return mix.gpus - sum(o.spec.gpus for o in outcomes if o.ended_s is None)
+
+
+def write_pending(path: Path, waiting: list[JobSpec]) -> None:
+    """The jobs waiting for GPUs, in the controller's pending-queue file format
+    (controller/pending_queue.py), replaced atomically: what a scheduler's queue tells the controller."""
+    document = {"jobs": [{"name": spec.name, "gpus": spec.gpus, "samples": spec.samples} for spec in waiting]}
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(document))
+    os.replace(temporary, path)
 
 
 @contextmanager

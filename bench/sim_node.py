@@ -14,6 +14,7 @@ loop hooks (``ChangeClock``, ``SafetyNet``) on the simulated clock.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 import time
@@ -21,8 +22,10 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
+from bench.gpu_queue import starting_now
 from controller.change_clock import ChangeClock, settling, step_period
 from controller.policies.base import JobAllocation, JobView, NodeResources, Policy
+from controller.policies.pending import PendingJob
 from controller.policies.shares import contended_cores
 from controller.safety_net import SafetyNet
 from throughput_model.curves import LoadingCurveEstimator
@@ -152,6 +155,8 @@ class _Live:
     window: deque = field(default_factory=deque)
     """A _Step per step over the registry's window."""
     m_bias: float = 1.0
+    submitted_s: float = 0.0
+    """When it arrived; ``spec.arrival_s`` is when it started (later where it waited for GPUs)."""
 
 
 @dataclass(frozen=True)
@@ -211,6 +216,9 @@ class SimNode:
     adds to it: a job whose loader keeps up is busy step / (step + batch x this), not all of
     its time (measured on the 2-core runs: bench/replay.py's FETCH_*; not measured for a
     64-core node's jobs, so 0 there)."""
+    gpus: int | None = None
+    """The node's GPUs: a job that does not fit in the free ones waits, first come first served
+    (bench/gpu_queue.py), and the controller sees what waits; None: every job starts at arrival."""
     cpu_noise: float = 0.03
     rate_noise: float = 0.05
     """Relative noise of a window's CPU accounting and of its samples/s beyond counting whole
@@ -250,6 +258,7 @@ def simulate(node: SimNode, jobs: Sequence[SimJob], policy: Policy, seed: int = 
     net = SafetyNet(clock=clock, window_s=WINDOW_S) if safety_net else None
     resources = node.resources()
     pending = sorted(jobs, key=lambda j: j.arrival_s)
+    waiting: list[SimJob] = []
     starting: list[_Live] = []
     live: dict[str, _Live] = {}
     finished: list[_Live] = []
@@ -259,17 +268,23 @@ def simulate(node: SimNode, jobs: Sequence[SimJob], policy: Policy, seed: int = 
     phase_events: set[float] = set()
     decision_s: list[float] = []
     counter = 0
-    phase_changes = sorted(job.arrival_s + start for job in jobs for start, _ in job.phases)
-    while (pending or starting or live) and now < horizon_s:
+    phase_changes: list[float] = []
+    while (pending or waiting or starting or live) and now < horizon_s:
         step_events: set[str] = set()
         phased = False
         while phase_changes and phase_changes[0] <= now + 1e-9:
             phase_changes.pop(0)
             phased = True  # the load changed: settle is measured from here too (the controller is not told)
         while pending and pending[0].arrival_s <= now + 1e-9:
-            spec = pending.pop(0)
+            waiting.append(pending.pop(0))
+        free = None if node.gpus is None else node.gpus - sum(j.spec.gpus for j in [*starting, *live.values()])
+        for spec in starting_now(waiting, free, lambda spec: spec.gpus):
+            waiting.remove(spec)
             counter += 1
-            starting.append(_Live(spec=spec, job_id=f"j{counter:04d}", m_bias=math.exp(rng.gauss(0.0, 0.02))))
+            starting.append(_Live(spec=dataclasses.replace(spec, arrival_s=now) if node.gpus is not None else spec,
+                                  job_id=f"j{counter:04d}", m_bias=math.exp(rng.gauss(0.0, 0.02)),
+                                  submitted_s=spec.arrival_s))
+            phase_changes = sorted([*phase_changes, *(now + start for start, _ in spec.phases)])
         for job in [j for j in starting if now - j.spec.arrival_s >= j.spec.startup_s - 1e-9]:
             starting.remove(job)
             live[job.job_id] = job
@@ -284,10 +299,13 @@ def simulate(node: SimNode, jobs: Sequence[SimJob], policy: Policy, seed: int = 
             if not step_events:
                 phase_events.add(now)
         if not live:
-            now = now + node.period_s if starting else pending[0].arrival_s if pending else now
+            now = now + node.period_s if starting or waiting else pending[0].arrival_s if pending else now
             continue
         clock.now = now
         views = change_clock.annotate([_view(job, applied) for job in live.values()], step_events)
+        if node.gpus is not None:  # what waits, as the controller learns it from the scheduler
+            resources = dataclasses.replace(resources, pending=tuple(
+                PendingJob(name=spec.name, gpus=spec.gpus, samples=spec.samples) for spec in waiting))
         start = time.perf_counter()
         wanted = {v.job_id: JobAllocation() for v in views}
         wanted.update({k: v for k, v in policy.allocate(resources, views).items() if k in wanted})
@@ -306,7 +324,8 @@ def simulate(node: SimNode, jobs: Sequence[SimJob], policy: Policy, seed: int = 
         finished.append(job)
     return SimResult(
         jobs={j.spec.name: {"gpus": float(j.spec.gpus), "busy_s": j.busy_s, "wall_s": j.wall_s,
-                            "jct_s": (j.ended_at or now) - j.spec.arrival_s,
+                            "jct_s": (j.ended_at or now) - j.submitted_s,
+                            "queued_s": j.spec.arrival_s - j.submitted_s,
                             "curve_phase_changes": float(j.estimator.phase_changes)} for j in finished},
         steps=steps, events=events, phase_events=frozenset(phase_events), decision_s=decision_s,
         reverts=net.reverts if net else 0,

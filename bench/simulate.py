@@ -34,6 +34,7 @@ cores) are assumptions, named in sim_node.SimJob.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import random
 import statistics
@@ -47,10 +48,12 @@ from bench.replay import (
     MEASURED_COST_S,
     STARTUP_S,
     abs_differences_pct,
+    jobs_from_measured_mix,
     measured_documents,
     measured_node,
     reality_check,
 )
+from bench.mix import Mix, load_mix
 from bench.report import write_json
 from bench.sim_node import SimJob, SimNode, SimResult, simulate
 from controller.policies import make_policy
@@ -274,6 +277,44 @@ def slowest_settles(mixes: Sequence[dict[str, Any]]) -> tuple[float, float]:
 
 # ---------------------------------------------------------------------------------------- reality check
 
+# ---------------------------------------------------------------------------------------- shipped mix files
+
+def mix_figures(mix: Mix, policies: Sequence[str], seeds: int = 3) -> dict[str, Any]:
+    """``mix`` (a shipped file: a queue where it gives the node's ``gpus``) on the measured 2-core
+    node, each policy ``seeds`` times: medians of mean JCT (wait included), GPU busy and
+    makespan, and each policy's ratios to ``adaptive``'s. SIMULATED."""
+    jobs, node = jobs_from_measured_mix({"mix": mix.to_dict()})
+    node = dataclasses.replace(node, gpus=mix.gpus)
+    figures = {}
+    for name in policies:
+        runs = [simulate(node, jobs, make_policy(name), seed=seed) for seed in range(seeds)]
+        figures[name] = {
+            "mean_jct_s": statistics.median(statistics.fmean(j["jct_s"] for j in run.jobs.values()) for run in runs),
+            "gpu_busy": statistics.median(run.gpu_busy for run in runs),
+            "makespan_s": statistics.median(max(run.jobs[job.name]["jct_s"] + job.arrival_s for job in jobs)
+                                            for run in runs),
+            "queued_s_mean": statistics.median(statistics.fmean(j["queued_s"] for j in run.jobs.values())
+                                               for run in runs),
+        }
+    ratios = {name: {metric: value / figures["adaptive"][metric] for metric, value in entry.items()
+                     if metric != "queued_s_mean" and figures["adaptive"][metric] > 0}
+              for name, entry in figures.items() if "adaptive" in figures and name != "adaptive"}
+    return {"mix": mix.name, "gpus": mix.gpus, "seeds": seeds, "policies": figures, "vs_adaptive": ratios}
+
+
+def mix_lines(document: dict[str, Any]) -> list[str]:
+    """A SIMULATED table of :func:`mix_figures`."""
+    lines = [f"SIMULATED {document['mix']} (node GPUs: {document['gpus'] or 'not modelled'}), "
+             f"medians of {document['seeds']} seeds"]
+    for name, entry in document["policies"].items():
+        ratio = document["vs_adaptive"].get(name)
+        versus = (f"   vs adaptive: JCT {ratio['mean_jct_s']:.3f}x, busy {ratio['gpu_busy']:.3f}x, "
+                  f"makespan {ratio['makespan_s']:.3f}x") if ratio else ""
+        lines.append(f"  {name:>9}: mean JCT {entry['mean_jct_s']:6.1f} s (queued {entry['queued_s_mean']:5.1f} s), "
+                     f"GPU busy {entry['gpu_busy']:.3f}, makespan {entry['makespan_s']:6.1f} s{versus}")
+    return lines
+
+
 # ---------------------------------------------------------------------------------------- main
 
 def headroom_summary(check: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -303,7 +344,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="control period while the node settles, s (the controller's default)")
     parser.add_argument("--quick", action="store_true", help="one mix per size, 64 cores and 4 jobs only")
     parser.add_argument("--json", type=Path, default=None, help="write the results here")
+    parser.add_argument("--mix", type=Path, nargs="+", default=None, metavar="FILE",
+                        help="instead: these mix files (bench/mixes/, queues included) on the measured 2-core node, "
+                        "each policy of --policies, medians over --seeds")
+    parser.add_argument("--policies", default="adaptive,jct", help="with --mix (default adaptive,jct)")
+    parser.add_argument("--seeds", type=int, default=3, help="with --mix: seeded runs per policy (default 3)")
     args = parser.parse_args(argv)
+    if args.mix:
+        documents = [mix_figures(load_mix(path), args.policies.split(","), args.seeds) for path in args.mix]
+        for document in documents:
+            for line in mix_lines(document):
+                print(line)
+        if args.json:
+            write_json(args.json, {"simulated": True, "mixes": documents})
+        return 0
     if args.quick:
         args.cores, args.jobs, args.crossing_jobs, args.mixes, args.two_core_mixes = [64], [4], [4], 1, 2
     started = time.perf_counter()
