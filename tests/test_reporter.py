@@ -49,6 +49,10 @@ def test_a_job_reports_its_loader_and_follows_the_worker_target(controller: Cont
     assert job.wait(60) == 0, job.output()
     result = json.loads((tmp_path / "rank0.json").read_text())
     assert result["num_workers"] == snap.workers_target
+    # The job's own output says once that it got fewer workers than it asked for, and why.
+    (told,) = [line for line in job.output()[1].splitlines() if "fewer than the 3 it asked for" in line]
+    assert told.endswith(f"{snap.workers_target} loader worker, fewer than the 3 it asked for: the even policy "
+                         "gives this job 1.0 cores (a CPU quota), and workers follow cores"), told
     assert all(epoch == list(range(400)) for epoch in result["epochs"])
     assert result["counters"]["samples"] == 400 * len(result["epochs"])
     # The reporter's last report at exit makes the node's history count every sample, exactly.
