@@ -18,7 +18,7 @@ from typing import Any
 from adloader.status import cores_text, effective_cores
 from bench import report
 from bench.mix import DEFAULT_MIX, load_mix
-from bench.node import CACHE_DIR, QUICK_SCALE, benchmark, goal_lines, node_setup
+from bench.node import CACHE_DIR, QUICK_SCALE, benchmark, node_setup
 from bench.runner import JobOutcome
 
 POLICIES = ("even", "adaptive")
@@ -28,6 +28,9 @@ its ratios are too short-lived to quote."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = ("It ends with one sentence of what adaptive did against even, the goals each met or missed,\n"
+                     "and a table, whose columns are:\n" + "\n".join(f"  {line}" for line in report.legend(["even"])))
     parser.add_argument("--mix", type=Path, default=DEFAULT_MIX, metavar="FILE", help="job mix (default: shipped)")
     parser.add_argument("--scale", type=float, default=None,
                         help=f"job length relative to the full benchmark (default {QUICK_SCALE:g})")
@@ -54,8 +57,15 @@ def main(args: argparse.Namespace) -> int:
     live.finish()
     print()
     print(report.table(document["policies"], POLICIES))
-    for line in goal_lines(document):
-        print(line)
+    print()
+    for line in report.legend([b for b in report.BASELINES if b in document["policies"]]):
+        print(f"  {line}")
+    print()
+    sentence = report.headline(document)
+    if sentence:
+        print(sentence + ".")
+    for line in report.goal_sentences(document):
+        print(f"  {line}")
     args.out.mkdir(parents=True, exist_ok=True)
     report.write_json(args.out / "demo.json", document)  # first: a missing plotting library loses nothing
     print(f"results: {args.out / 'demo.json'}")

@@ -245,7 +245,7 @@ def table(summary: dict[str, dict[str, Any]], order: Sequence[str]) -> str:
     header = (f"{'policy':<{width}} {'GPU busy':>8} {'samples/s':>9} {'makespan':>8} {'mean JCT':>8} "
               f"{'ctl CPU':>7} {'ctl wait':>8} {'settle':>6} {'chg/job-min':>11}" + "".join(f" {'busy/' + b:>12}" for b in baselines)
               + "".join(f" {'mkspan/' + b:>13}" for b in baselines))
-    lines = [f"{LABEL} node benchmark (medians over repeats)", header, "-" * len(header)]
+    lines = [f"{LABEL} node benchmark ({repeats_words(summary, present)})", header, "-" * len(header)]
     for policy in present:
         e = summary[policy]
         row = (f"{policy:<{width}} {e['gpu_busy']:>8.3f} {e['samples_per_s']:>9.1f} {e['makespan_s']:>7.1f}s "
@@ -260,6 +260,70 @@ def table(summary: dict[str, dict[str, Any]], order: Sequence[str]) -> str:
             row += f" {value:>12.3f}x" if value is not None else f" {'-':>13}"
         lines.append(row)
     return "\n".join(lines)
+
+
+def repeats_words(summary: dict[str, dict[str, Any]], policies: Sequence[str]) -> str:
+    """What the table's figures are: one run's, or medians over how many repeats."""
+    counts = sorted({len(summary[p].get("repeats", ())) for p in policies})
+    if counts in ([], [1]):
+        return "one run per policy"
+    many = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    return f"medians over {many} runs per policy"
+
+
+def legend(baselines: Sequence[str]) -> list[str]:
+    """What each column of :func:`table` means, one line a column (printed under it, and in --help)."""
+    lines = [
+        "GPU busy: fraction of the run each job's GPUs computed rather than waited for data, GPU-weighted",
+        "samples/s: every job's samples / makespan; makespan: first arrival to last job done; "
+        "mean JCT: mean job completion time, arrival to exit",
+        "ctl CPU: the controller's CPU time, % of one core; ctl wait: % of the time its control loop waited "
+        "for a CPU (near 0: the jobs do not delay it)",
+        "settle: the longest time, after a job arrived, first reported or left, until no job's cores, weight "
+        "or workers moved any more",
+        "chg/job-min: how often a job's cores, weight or workers changed, per minute of job life, summed over "
+        "jobs (lower is calmer)",
+    ]
+    for b in baselines:
+        lines.append(f"busy/{b}, mkspan/{b}: GPU busy and makespan as a multiple of {b}'s "
+                     "(busy above 1x and makespan below 1x are better)")
+    return lines
+
+
+def headline(document: dict[str, Any], policy: str = "adaptive", baseline: str = "even") -> str | None:
+    """One sentence of what ``policy`` did better or worse than ``baseline``, e.g. "adaptive kept the GPUs
+    1.51x as busy as even and finished 32% sooner"; None when the document lacks either."""
+    versus = document.get("ratios", {}).get(policy, {}).get(f"vs_{baseline}", {})
+    busy, makespan = versus.get("gpu_busy"), versus.get("makespan_s")
+    if busy is None or makespan is None:
+        return None
+    finish = (f"finished {1 - makespan:.0%} sooner" if makespan < 0.995 else
+              f"took {makespan - 1:.0%} longer" if makespan > 1.005 else "finished in the same time")
+    return f"{policy} kept the GPUs {busy:.2f}x as busy as {baseline} and {finish} ({LABEL})"
+
+
+GOAL_WORDS = {
+    "adaptive_vs_even_gpu_busy": "adaptive's GPUs busier than even's",
+    "adaptive_vs_even_makespan": "adaptive's makespan against even's",
+    "adaptive_vs_static_gpu_busy": "adaptive's GPUs busier than static's (each job's own settings)",
+    "adaptive_vs_oracle_gpu_busy": "adaptive's GPUs busier than the oracle's searched split",
+    "adaptive_vs_best_static_split_gpu_busy": "adaptive's GPUs busier than the best static split",
+    "jct_mean_jct_vs_adaptive": "jct's mean completion time against adaptive's",
+    "adaptive_settle_s": "adaptive settles after an arrival or departure, in seconds",
+}
+"""The goals of bench/node.py in words (the JSON keeps their names)."""
+
+
+def goal_sentences(document: dict[str, Any]) -> list[str]:
+    """Each goal as a plain line: what it asks, the measured value against its bar, met or missed."""
+    lines = []
+    for name, goal in document.get("goals", {}).items():
+        words = GOAL_WORDS.get(name, name.replace("_", " "))
+        unit = "s" if name.endswith("_s") else "x"
+        against = f" ({goal['against']})" if "against" in goal else ""
+        lines.append(f"{'met' if goal['met'] else 'missed'}: {words}{against}: {goal['value']:.2f}{unit}, "
+                     f"asked {goal['bar']}{unit}")
+    return lines
 
 
 def write_json(path: Path, document: dict[str, Any]) -> None:

@@ -11,8 +11,8 @@ from bench.mix import DEFAULT_MIX, MIXES_DIR, PREDICTION_MIX, JobSpec, MixError,
 from bench.model_jobs import check_models, corpus_point, write_features
 from bench.prediction_start import first_window_idle
 from bench.report import (
-    PlotUnavailable, busy_series, phase_changes_s, plot, ratios, score_run, settle_times, summarise, table,
-    worker_memory,
+    PlotUnavailable, busy_series, goal_sentences, headline, legend, phase_changes_s, plot, ratios, score_run,
+    settle_times, summarise, table, worker_memory,
 )
 from bench.runner import JobOutcome, RunOutcome, job_command
 
@@ -240,6 +240,27 @@ def test_medians_ratios_and_the_table() -> None:
     assert "even" not in rel or "vs_even" not in rel["even"]
     text = table(summary, ["even", "adaptive"])
     assert "GPU-emulated" in text and "adaptive" in text and "busy/even" in text
+    assert text.splitlines()[0] == "GPU-emulated node benchmark (medians over 2 runs per policy)"
+    one = table(summarise([_run("even", 0.25), _run("adaptive", 0.5)]), ["even", "adaptive"])
+    assert one.splitlines()[0] == "GPU-emulated node benchmark (one run per policy)"
+
+
+def test_the_demo_says_what_adaptive_did_in_a_sentence_and_each_goal_in_words() -> None:
+    document = {"ratios": {"adaptive": {"vs_even": {"gpu_busy": 1.513, "makespan_s": 0.68}}},
+                "goals": {"adaptive_vs_even_gpu_busy": {"value": 1.513, "bar": ">= 1.3", "met": True},
+                          "adaptive_settle_s": {"value": 6.5, "bar": "<= 5", "met": False}}}
+    assert headline(document) == "adaptive kept the GPUs 1.51x as busy as even and finished 32% sooner (GPU-emulated)"
+    slower = {"ratios": {"adaptive": {"vs_even": {"gpu_busy": 0.9, "makespan_s": 1.1}}}}
+    assert headline(slower) == "adaptive kept the GPUs 0.90x as busy as even and took 10% longer (GPU-emulated)"
+    assert headline({"ratios": {}}) is None
+    assert goal_sentences(document) == [
+        "met: adaptive's GPUs busier than even's: 1.51x, asked >= 1.3x",
+        "missed: adaptive settles after an arrival or departure, in seconds: 6.50s, asked <= 5s",
+    ]
+    words = "\n".join(legend(["even"]))
+    for column in ("GPU busy", "samples/s", "makespan", "mean JCT", "ctl CPU", "ctl wait", "settle", "chg/job-min",
+                   "busy/even", "mkspan/even"):
+        assert f"{column}:" in words or f"{column}," in words or f" {column}:" in words, column
 
 
 # ---------------------------------------------------------------- jobs that name a model
