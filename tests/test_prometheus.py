@@ -184,7 +184,7 @@ def test_the_dashboard_has_the_panels_an_operator_needs() -> None:
     titles = {panel["title"] for panel in _panels(_dashboard()["panels"])}
     assert {"GPU idle", "Achieved vs max throughput", "Data wait share", "CPU cores: given vs used",
             "DataLoader workers", "Read bandwidth: limit vs read", "Loader CPU used vs cores managed",
-            "Control loop duration", "Controller health", "Reallocations"} <= titles
+            "Control loop duration", "Controller health", "Reallocations", "Jobs: managed or not, and why"} <= titles
     variables = {v["name"] for v in _dashboard()["templating"]["list"]}
     assert variables == {"datasource", "instance", "job_name"}
 
