@@ -29,7 +29,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="job name shown by `adloader status` (default: the training script's file name)")
     parser.add_argument("--gpus", type=_count, default=None, metavar="N",
                         help="GPUs the job uses on this node (default: the entries of CUDA_VISIBLE_DEVICES; "
-                        "1 when it is unset)")
+                        "when it is unset, the node's NVIDIA GPUs, none on a CPU-only node)")
     parser.add_argument("--num-workers", type=_count, default=None, metavar="N",
                         help="DataLoader workers per rank the job would use unmanaged")
     parser.add_argument("--samples", type=_count, default=None, metavar="N",

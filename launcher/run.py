@@ -56,13 +56,14 @@ class JobRequest:
     """Make the job's DataLoaders adloader's with no code change (adloader.autoload); False: torch's."""
 
 
-def gpus_from_environment(environ: Mapping[str, str]) -> int:
+def gpus_from_environment(environ: Mapping[str, str], dev: Path = Path("/dev")) -> int:
     """GPUs named by CUDA_VISIBLE_DEVICES, counted as CUDA does (up to the first invalid
-    entry such as -1). Unset: 1, so an unconfigured job still counts in GPU-weighted
-    decisions; set but empty: 0."""
+    entry such as -1); set but empty: 0. Unset, CUDA shows the job every GPU of the node: the
+    NVIDIA devices under ``dev`` (``nvidia0``, ``nvidia1``, ...), so a CPU-only node's job has
+    none (a job without a GPU shows no GPU count or GPU idle; policies still weigh it as one device)."""
     value = environ.get("CUDA_VISIBLE_DEVICES")
     if value is None:
-        return 1
+        return sum(1 for entry in dev.glob("nvidia*") if entry.name[len("nvidia"):].isdigit())
     count = 0
     for entry in value.split(","):
         entry = entry.strip()

@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from bench.controller_process import HIERARCHIES, REPO, ControllerProcess, base_environment, cgroup_of, wait_until
+from launcher.run import gpus_from_environment
 
 SLEEP = "import time; time.sleep(120)"
 BUSY = "while True: pass"
@@ -60,7 +61,7 @@ def test_every_process_of_a_job_children_and_grandchildren_included_is_in_its_cg
     command_env = Path(f"/proc/{tree[0].pid}/environ").read_bytes().split(b"\0")
     assert f"ADLOADER_JOB_ID={snapshot.job_id}".encode() in command_env
     assert f"ADLOADER_SOCKET={controller.socket}".encode() in command_env
-    assert snapshot.name == "tree" and snapshot.gpus == 1 and snapshot.launcher_pid == job.pid
+    assert snapshot.name == "tree" and snapshot.gpus == gpus_from_environment(os.environ) and snapshot.launcher_pid == job.pid
 
 
 def test_even_policy_gives_two_busy_jobs_on_one_cpu_half_a_core_each(controller: ControllerProcess) -> None:

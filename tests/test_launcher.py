@@ -169,11 +169,17 @@ def test_no_command_is_a_usage_error() -> None:
 
 
 @pytest.mark.parametrize(
-    "value, gpus", [(None, 1), ("", 0), ("0", 1), ("0,1,3", 3), ("GPU-1f2e,GPU-77aa", 2), ("0,-1,2", 1), ("-1", 0)]
+    "value, gpus", [(None, 2), ("", 0), ("0", 1), ("0,1,3", 3), ("GPU-1f2e,GPU-77aa", 2), ("0,-1,2", 1), ("-1", 0)]
 )
-def test_gpus_default_to_the_devices_cuda_would_see(value: str | None, gpus: int) -> None:
+def test_gpus_default_to_the_devices_cuda_would_see(value: str | None, gpus: int, tmp_path: Path) -> None:
+    for name in ("nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm"):  # two GPUs and the driver's control devices
+        (tmp_path / name).touch()
     environ = {} if value is None else {"CUDA_VISIBLE_DEVICES": value}
-    assert gpus_from_environment(environ) == gpus
+    assert gpus_from_environment(environ, dev=tmp_path) == gpus
+
+
+def test_a_job_on_a_node_without_gpus_has_none_unless_it_says_so(tmp_path: Path) -> None:
+    assert gpus_from_environment({}, dev=tmp_path) == 0
 
 
 def test_the_default_name_is_the_training_scripts_file_name() -> None:
