@@ -273,6 +273,14 @@ class JobHistory:
         return [HistoryRecord(r["name"], json.loads(r["features"]), r["device"], r["gpus"], r["predicted_sps"],
                               r["measured_sps"]) for r in rows]
 
+    def completed_runs(self, limit: int = 2000) -> list[FinishedJob]:
+        """The latest ``limit`` runs that completed (exit code 0): only they say how long a job
+        is (what the remaining-length forest learns from, controller/remaining.py)."""
+        with closing(self._connect()) as connection:
+            rows = connection.execute("SELECT * FROM jobs WHERE exit_code = 0 AND samples > 0 ORDER BY id DESC LIMIT ?",
+                                      (limit,)).fetchall()
+        return [_finished(r) for r in rows]
+
     def __len__(self) -> int:
         with closing(self._connect()) as connection:
             return int(connection.execute("SELECT COUNT(*) FROM jobs").fetchone()[0])
@@ -281,15 +289,19 @@ class JobHistory:
         with closing(self._connect()) as connection:
             rows = connection.execute("SELECT * FROM jobs ORDER BY id").fetchall()
         for r in rows:
-            yield FinishedJob(
-                job_id=r["job_id"], name=r["name"], gpus=r["gpus"], samples=r["samples"], duration_s=r["duration_s"],
-                finished_at=r["finished_at"], features=json.loads(r["features"]) if r["features"] else None,
-                device=r["device"], batch_size=r["batch_size"], predicted_sps=r["predicted_sps"],
-                measured_sps=r["measured_sps"], cpu_s_per_sample=r["cpu_s_per_sample"],
-                bytes_per_sample=r["bytes_per_sample"],
-                loading_curve=tuple((float(c), float(s)) for c, s in json.loads(r["loading_curve"])),
-                exit_code=r["exit_code"],
-            )
+            yield _finished(r)
+
+
+def _finished(r: sqlite3.Row) -> FinishedJob:
+    return FinishedJob(
+        job_id=r["job_id"], name=r["name"], gpus=r["gpus"], samples=r["samples"], duration_s=r["duration_s"],
+        finished_at=r["finished_at"], features=json.loads(r["features"]) if r["features"] else None,
+        device=r["device"], batch_size=r["batch_size"], predicted_sps=r["predicted_sps"],
+        measured_sps=r["measured_sps"], cpu_s_per_sample=r["cpu_s_per_sample"],
+        bytes_per_sample=r["bytes_per_sample"],
+        loading_curve=tuple((float(c), float(s)) for c, s in json.loads(r["loading_curve"])),
+        exit_code=r["exit_code"],
+    )
 
 
 def _finite(value: float | None) -> float | None:

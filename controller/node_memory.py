@@ -12,11 +12,14 @@ import logging
 import sqlite3
 import threading
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from controller.history import FinishedJob, JobHistory
 from controller.priors import Recollection
 from controller.snapshot import JobSnapshot
+
+if TYPE_CHECKING:
+    from controller.remaining import LearntLengths
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +50,7 @@ class NodeMemory:
         self._opened = False
         self._predictor: Callable[[dict[str, float], int], tuple[float, float, float] | None] | None = None
         self._loading: threading.Thread | None = None
+        self._lengths: "LearntLengths | None" = None
 
     @property
     def history(self) -> JobHistory | None:
@@ -97,17 +101,41 @@ class NodeMemory:
         history.record(FinishedJob.from_snapshot(snapshot, exit_code=exit_code, features=features,
                                                  loading_curve=loading_curve, device=self.device))
 
+    def _learnt_length(self, history: JobHistory, name: str, features: dict[str, float] | None) -> float | None:
+        """The length the history's forest predicts for a job none of whose own runs completed
+        here (the interval's long end where uncertain: controller/remaining.py); None when it
+        cannot tell. A failing fit never refuses a job."""
+        from controller.remaining import LearntLengths  # scikit-learn once a length is to be learnt
+        from throughput_model.lengths import ranking_length
+
+        if self._lengths is None:
+            self._lengths = LearntLengths(history)
+        try:
+            prediction = self._lengths.predict(name, int((features or {}).get("gpus", 1)), features)
+        except Exception:
+            log.exception("predicting the length of job %s from the history failed", name)
+            return None
+        length, source = ranking_length(prediction, None)
+        if length is not None:
+            log.info("job %s: length %.0f samples learnt from the history (%s; interval %.0f-%.0f)", name, length,
+                     source, prediction.low, prediction.high)
+        return length
+
     def recall(self, name: str, features: dict[str, float] | None) -> Recollection | None:
         """What earlier runs of the same job (same name and features) measured, or None."""
         history = self.history
         if history is None:
             return None
         estimate = history.lookup(name, features)
-        if estimate is None:
-            return None
+        if estimate is None or not estimate.samples:
+            learnt = self._learnt_length(history, name, features)
+            if estimate is None:
+                return Recollection(samples=learnt) if learnt else None
+        else:
+            learnt = None
         cost = estimate.cpu_s_per_sample
         if estimate.loading_curve:  # the group's CPU per sample, what the curve models: preferred
             cores, samples_per_s = estimate.loading_curve[-1]
             cost = cores / samples_per_s if samples_per_s > 0 else cost
-        return Recollection(samples=estimate.samples or None, cpu_s_per_sample=cost,
+        return Recollection(samples=estimate.samples or learnt, cpu_s_per_sample=cost,
                             bytes_per_sample=estimate.bytes_per_sample)
