@@ -188,6 +188,36 @@ def test_a_group_regrouped_is_read_afresh_and_its_curve_restarts_without_a_warm_
     registry.regrouped("gone")  # a job that left meanwhile: nothing to do
 
 
+def test_a_job_without_a_gpu_has_no_gpu_idle(clock: Clock) -> None:
+    registry = _registry(clock)
+    _register(registry, gpus=0)
+    registry.record_report("j1", _report(0, 0, 0, 0, 0, 0))
+    clock.now += 1
+    registry.record_report("j1", _report(0, 50, 0.5, 0.5, 1.0, 100, batches=10))
+    registry.measure({"j1": 1.0})
+    snap = registry.snapshot(registry.get("j1"), pids={42})  # type: ignore[arg-type]
+    assert snap.achieved_sps and snap.max_sps_measured and snap.gpu_idle_ratio is None
+
+
+def test_unmanaged_ranks_reports_are_no_loaders_counters_and_the_job_is_unmanaged_at_once(clock: Clock) -> None:
+    """A rank whose loader fell back to torch's still reports (the job is alive), but its counters
+    are not a loader's: they make no loading-curve window and no rate, and the job is unmanaged."""
+    registry = _registry(clock)
+    _register(registry)
+    fallback = "loader fell back to torch's (in_order=False)"
+    for step in range(4):
+        registry.record_report("j1", _report(0, 0, 0, step, 0, 0, unmanaged_reason=fallback))
+        registry.measure({"j1": 0.8 * step})
+        clock.now += 1
+    job = registry.get("j1")
+    assert job is not None and job.loading_curve.observations == 0 and job.measurement.rates.achieved is None
+    snap = registry.snapshot(job, pids={42})
+    assert (snap.state, snap.unmanaged_reason, snap.ranks_reporting) == ("unmanaged", fallback, 0)
+    assert snap.cores_used == pytest.approx(0.8)  # its group's CPU, which its share is based on
+    (view,) = registry.views({})
+    assert view.unmanaged and view.cores_used == pytest.approx(0.8)
+
+
 def test_snapshots_sum_ranks_and_the_idle_ratio_follows_achieved_over_max(clock: Clock) -> None:
     registry = _registry(clock)
     _register(registry)
