@@ -15,7 +15,8 @@
 #                              running), removes the venv, the command and the unit; --purge also removes
 #                              /etc/default/adloader and /var/lib/adloader (state and job history).
 # Paths of the server install (for tests, or another layout): ADLOADER_PREFIX (/opt/adloader),
-# ADLOADER_BIN_DIR (/usr/local/bin), ADLOADER_UNIT_DIR (/etc/systemd/system), ADLOADER_CONFIG (/etc/default/adloader).
+# ADLOADER_BIN_DIR (/usr/local/bin), ADLOADER_UNIT_DIR (/etc/systemd/system), ADLOADER_CONFIG (/etc/default/adloader);
+# of --test: ADLOADER_POLICY_RC (/usr/sbin/policy-rc.d).
 set -euo pipefail
 cd "$(dirname "$0")"
 PY=${PYTHON:-python3}
@@ -23,6 +24,7 @@ PREFIX=${ADLOADER_PREFIX:-/opt/adloader}
 BIN_DIR=${ADLOADER_BIN_DIR:-/usr/local/bin}
 UNIT_DIR=${ADLOADER_UNIT_DIR:-/etc/systemd/system}
 CONFIG=${ADLOADER_CONFIG:-/etc/default/adloader}
+POLICY_RC=${ADLOADER_POLICY_RC:-/usr/sbin/policy-rc.d}
 UNIT=adloader-controller.service
 STATE_DIR=/var/lib/adloader
 mode=${1:-}
@@ -114,13 +116,13 @@ system_uninstall() {
 # machine already has is left to decide; then only the service manager stops what started.
 # $1: the packages' services (space-separated), $2...: the packages.
 apt_install_without_starting() {
-  local services=$1 policy=/usr/sbin/policy-rc.d made=0 status=0
+  local services=$1 policy=$POLICY_RC made=0 status=0
   shift
   if [ ! -e "$policy" ]; then
     printf '#!/bin/sh\n# install.sh: no daemon starts while it installs packages\nexit 101\n' > "$policy"
     chmod 0755 "$policy"
     made=1
-    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+    trap 'rm -f "$POLICY_RC"' EXIT
   fi
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >/dev/null

@@ -131,3 +131,48 @@ def test_system_install_serves_jobs_and_uninstall_leaves_no_group(layout: dict[s
         if job is not None:
             job.kill()
             job.wait()
+
+
+def test_install_sh_ends_no_process_by_name() -> None:
+    assert not re.search(r"\b(pkill|killall)\b", (REPO / "install.sh").read_text())
+
+
+def _apt_install_without_starting(tmp_path: Path, policy: Path) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """install.sh's apt_install_without_starting, run alone, with a fake apt-get whose install does what a
+    package's maintainer script does (asks policy-rc.d whether it may start its daemon, and starts one, a
+    sleep, when allowed) and a fake systemctl that records what it is asked. Returns the run and the log."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    (bin_dir / "apt-get").write_text(
+        '#!/bin/sh\n[ "$1" = update ] && exit 0\n'
+        f'if "$ADLOADER_POLICY_RC" prometheus start; then sleep 300 >/dev/null 2>&1 & echo "started $!" >> {log}; '
+        f'else echo "refused $?" >> {log}; fi\n')
+    (bin_dir / "systemctl").write_text(f'#!/bin/sh\necho "systemctl $*" >> {log}\n')
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    script = ('set -euo pipefail; POLICY_RC=$ADLOADER_POLICY_RC\n'
+              'eval "$(sed -n "/^apt_install_without_starting()/,/^}/p" install.sh)"\n'
+              'apt_install_without_starting "prometheus" prometheus\n')
+    run = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO,
+                         env={"PATH": f"{bin_dir}:/usr/bin:/bin", "ADLOADER_POLICY_RC": str(policy)})
+    return run, log.read_text().splitlines()
+
+
+def test_packages_installed_for_the_tests_start_no_daemon_and_the_policy_goes_afterwards(tmp_path: Path) -> None:
+    policy = tmp_path / "policy-rc.d"
+    run, calls = _apt_install_without_starting(tmp_path, policy)
+    assert run.returncode == 0, run.stderr
+    assert calls == ["refused 101"]  # nothing started, so nothing to stop
+    assert not policy.exists()
+
+
+def test_a_policy_the_machine_has_decides_and_only_the_service_manager_stops_what_started(tmp_path: Path) -> None:
+    policy = tmp_path / "policy-rc.d"
+    policy.write_text("#!/bin/sh\nexit 0\n")
+    policy.chmod(0o755)
+    run, calls = _apt_install_without_starting(tmp_path, policy)
+    started = int(calls[0].split()[1])
+    os.kill(started, signal.SIGTERM)  # the fake daemon this test's apt-get started
+    assert run.returncode == 0, run.stderr
+    assert calls == [f"started {started}", "systemctl stop prometheus"]
+    assert policy.read_text() == "#!/bin/sh\nexit 0\n"
