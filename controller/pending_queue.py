@@ -7,8 +7,8 @@ resources per node (``--gres=gpu:4``, ``gres:gpu:a100:2``; none: 0). A path inst
 JSON file another program keeps (``{"jobs": [{"name", "gpus", "samples"}]}``, replaced
 atomically: the node benchmark's queue, bench/runner.py).
 
-The queue is read at most every ``refresh_s`` (a subprocess per control step would cost
-more than the step); a read that fails is logged once and leaves the last queue seen in
+Slurm's queue is read at most every ``REFRESH_S`` (a subprocess per control step would cost
+more than the step), a file at every step; a read that fails is logged once and leaves the last queue seen in
 place until it has been stale ``stale_s``, then the queue is unknown (None), so ``jct``
 falls back to ``adaptive`` rather than act on an old queue. Commands run through an
 injectable runner; the clock is injectable.
@@ -82,6 +82,8 @@ def parse_squeue(text: str) -> tuple[PendingJob, ...]:
 class SlurmQueue:
     """Slurm's pending jobs for this node's partitions."""
 
+    refresh_s = REFRESH_S
+
     def __init__(self, partitions: Sequence[str] = (), node: str | None = None, runner: Runner = run_command) -> None:
         """``partitions``: those to watch; empty: the partitions ``node`` (default: this host) is in."""
         self.partitions = tuple(partitions)
@@ -105,6 +107,9 @@ class SlurmQueue:
 
 class FileQueue:
     """A queue kept in a JSON file by another program (the node benchmark)."""
+
+    refresh_s = 0.0
+    """A file costs little to read: every step."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -134,12 +139,13 @@ def queue_source(spec: str, runner: Runner = run_command) -> Source:
 
 
 class PendingQueue:
-    """The last queue read from ``source``, refreshed at most every ``refresh_s``."""
+    """The last queue read from ``source``, refreshed at most every ``refresh_s`` (default: the
+    source's own)."""
 
-    def __init__(self, source: Source, refresh_s: float = REFRESH_S, stale_s: float = STALE_S,
+    def __init__(self, source: Source, refresh_s: float | None = None, stale_s: float = STALE_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.source = source
-        self.refresh_s = refresh_s
+        self.refresh_s = source.refresh_s if refresh_s is None else refresh_s
         self.stale_s = stale_s
         self._clock = clock
         self._jobs: tuple[PendingJob, ...] | None = None
