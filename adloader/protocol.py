@@ -90,6 +90,11 @@ class Report(Message):
     features: dict[str, float] | None = None
     """The job's model features (``adloader.describe_model``), sent with its reports until
     the controller has answered one: it predicts M from them when the launcher had none."""
+    loader_pids: tuple[int, ...] | None = None
+    """Pids of the processes this rank's loaders load in (their workers and the helpers that
+    fork them). A rank kept apart from its job's CPU group has these, and nothing else it
+    started, moved back in (controller/training_processes.py): a rank a framework starts as
+    its child stays apart. None: a library that does not send them."""
     unmanaged_reason: str | None = None
     """Set when no loader of this rank is adloader's, in words the user reads in ``adloader
     status`` ("loader fell back to torch's (in_order=False)"): the rank still reports, so the

@@ -52,6 +52,8 @@ class Reportable(Protocol):
 
     def running_workers(self) -> int: ...
 
+    def loader_pids(self) -> list[int]: ...
+
     def set_num_workers(self, n: int) -> None: ...
 
 
@@ -155,6 +157,7 @@ class Reporter:
             worker_load_s=total.load_s,
             num_workers=active.running_workers() if active is not None else 0,
             features=None if _features_delivered.is_set() else _model_features,
+            loader_pids=tuple(sorted({pid for _, loader, _ in alive for pid in loader.loader_pids()})),
         )
 
     def _pick_active(self, alive: list[tuple[weakref.ref, Reportable, Any]]) -> Reportable | None:

@@ -398,7 +398,9 @@ class Controller:
                 )
             connection.verified_jobs.add(job.job_id)
         self.registry.record_report(job.job_id, message)
-        self.training.reported(job.job_id, connection.peer.pid, message.num_workers, message.batches)
+        self.training.reported(
+            job.job_id, connection.peer.pid, message.num_workers, message.batches, message.loader_pids,
+        )
         wanted = self.loop.allocations.get(job.job_id).wanted
         memory = self.loop.worker_memory
         reason = target_reason(self.loop.policy.name, wanted, job.measurement.ranks,

@@ -9,10 +9,15 @@ ready, whatever the policy meant to take from the job.
 
 So a rank whose loader runs worker processes is moved out of the job's CPU group, back to
 the cgroup its job came from (the scheduler's; the root on a bare node: see
-``ResourceBackend.detach``), and whatever it forks (the helper its loader forks workers
-from, and through that the workers) is moved back into the job's group at the next control
-step: read from every thread's ``children`` file, one small read per thread of each rank
-apart per step (a rank forks its helper from whichever thread calls ``iter()``). A rank that loads in its own process (no workers, batches arriving) stays in the
+``ResourceBackend.detach``), and the processes its loaders load in, which its reports name
+(``Report.loader_pids``: the helpers its loaders fork workers from, and the workers), are
+moved back into the job's group at the next control step, those that descend from it (a
+report moves nothing of another's). Nothing else it starts is: a framework that starts
+another rank as its child (Lightning's DDP launcher starts rank 1 from rank 0) leaves that
+rank where its own reports place it, before its first report too, so its training is never
+counted as loading and it is not moved back and forth. A rank whose library does not name
+them (older) has its children moved instead, from every thread's ``children`` file, all but
+the job's known ranks. A rank that loads in its own process (no workers, batches arriving) stays in the
 group or returns to it: then its loading is what the group shares. The launcher and
 torchrun never report and stay in the group; the job's CPU time (``cpu_seconds``) is then
 its loading's alone.
@@ -25,10 +30,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from controller.backends.base import BackendError, ResourceBackend
-from controller.processes import children_of, start_time
+from controller.processes import ancestors, children_of, start_time
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +71,9 @@ class _Rank:
     started: int | None = None
     """Its start time (clock ticks after boot, /proc/PID/stat): a pid reused by another process
     after the rank exited has another, and is never moved."""
+    loaders: tuple[int, ...] | None = None
+    """The processes its loaders load in, as its last report named them; None: its library
+    does not name them."""
 
 
 class TrainingProcesses:
@@ -80,10 +88,13 @@ class TrainingProcesses:
         self._ranks: dict[str, dict[int, _Rank]] = {}
         self._regrouped: set[str] = set()
 
-    def reported(self, job_id: str, pid: int, running_workers: int, batches: int) -> None:
+    def reported(
+        self, job_id: str, pid: int, running_workers: int, batches: int, loader_pids: Iterable[int] | None = None,
+    ) -> None:
         """Rank ``pid`` of the job reported: workers running -> apart; no worker while its
         batches advance, LOADING_ALONE_REPORTS times running -> it loads itself, so with its
-        loaders; otherwise (between epochs, before its first workers) as it was."""
+        loaders; otherwise (between epochs, before its first workers) as it was. ``loader_pids``:
+        the processes its loaders load in (None: its library does not say)."""
         if not self.enabled or pid <= 0:
             return
         rank = self._ranks.setdefault(job_id, {}).setdefault(
@@ -94,11 +105,12 @@ class TrainingProcesses:
         elif rank.loading_alone >= LOADING_ALONE_REPORTS:
             rank.apart = False
         rank.batches = batches
+        rank.loaders = None if loader_pids is None else tuple(loader_pids)
 
     def place(self, job_id: str, group_pids: set[int]) -> set[int]:
-        """Move the job's ranks out of (or back into) its group and the ranks' children into
-        it, as needed; the job's processes: ``group_pids`` (its group's, read this step) and
-        its ranks apart."""
+        """Move the job's ranks out of (or back into) its group and the processes their loaders
+        load in into it, as needed; the job's processes: ``group_pids`` (its group's, read this
+        step) and its ranks apart."""
         self._regrouped.discard(job_id)
         ranks = self._ranks.get(job_id)
         if not ranks:
@@ -119,15 +131,24 @@ class TrainingProcesses:
             rank.outside = not inside
             rank.moved_out = rank.moved_out or rank.outside  # one found outside (a restart) is past its start-up
             if rank.apart:
-                for child in children_of(pid, self._proc) - group_pids:
+                for loader in self._loaders_outside(pid, rank, set(ranks), group_pids):
                     try:
-                        self.backend.attach(job_id, child)
+                        self.backend.attach(job_id, loader)
                     except BackendError as exc:
-                        log.debug("job %s: child %d of rank %d not moved into the job's group: %s",
-                                  job_id, child, pid, exc)
+                        log.debug("job %s: loader process %d of rank %d not moved into the job's group: %s",
+                                  job_id, loader, pid, exc)
                         continue
-                    processes.add(child)
+                    processes.add(loader)
         return processes
+
+    def _loaders_outside(self, pid: int, rank: _Rank, ranks: set[int], group_pids: set[int]) -> set[int]:
+        """The processes rank ``pid``'s loaders load in that are not in the job's group: those
+        its reports name that descend from it; where its library names none, its children
+        that are not ranks of the job."""
+        if rank.loaders is None:
+            return children_of(pid, self._proc) - group_pids - ranks
+        outside = set(rank.loaders) - group_pids - ranks
+        return {loader for loader in outside if pid in ancestors(loader, self._proc)}
 
     def regrouped(self, job_id: str) -> bool:
         """Whether the last :meth:`place` moved one of the job's ranks out of its group for the

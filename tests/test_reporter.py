@@ -159,6 +159,9 @@ class _LosesItsFirstTarget:
     def running_workers(self) -> int:
         return self.running
 
+    def loader_pids(self) -> list[int]:
+        return []
+
     def set_num_workers(self, n: int) -> None:
         self.num_workers, self.calls = n, self.calls + 1
         if self.calls > 1:
@@ -197,3 +200,27 @@ def test_a_target_that_missed_the_workers_is_set_again_at_the_next_report(tmp_pa
     finally:
         reporter.stop()
         server.close()
+
+
+def test_reports_name_the_processes_every_loader_loads_in(tmp_path: Path) -> None:
+    """Workers and the helpers that fork them, of every live loader: the controller keeps exactly
+    these of the rank's processes in the job's CPU group (controller/training_processes.py)."""
+    import os
+
+    from controller.processes import ancestors
+
+    reporter = Reporter(str(tmp_path / "nobody.sock"), "job-x", interval=60.0)
+    train = DataLoader(Numbers(40), batch_size=4, num_workers=2, persistent_workers=True)
+    val = DataLoader(Numbers(10), batch_size=5, num_workers=1, persistent_workers=True)
+    try:
+        reporter.add(train)
+        reporter.add(val)
+        helpers = [iter(train).source.spawner_pid(), iter(val).source.spawner_pid()]
+        wait_until(lambda: len(train.worker_pids()) == 2 and len(val.worker_pids()) == 1, 30.0, "the workers")
+        pids = reporter.build_report().loader_pids
+        assert pids == tuple(sorted(train.worker_pids() + val.worker_pids() + helpers))
+        assert all(os.getpid() in ancestors(pid) for pid in pids), "each descends from the rank"
+    finally:
+        reporter.stop()
+        train.close()
+        val.close()

@@ -218,3 +218,140 @@ def test_the_controller_keeps_a_jobs_rank_apart_from_its_workers(
     assert job_now.training_processes_apart == (1 if rank_apart else 0)
     stop.touch()
     assert job.wait(60) == 0
+
+
+RANK_STARTS_RANK = """
+import os, sys, time
+
+def hold():
+    time.sleep(120)
+    os._exit(0)
+
+def say(*words):  # one write: lines from several processes never interleave
+    os.write(1, (" ".join(map(str, words)) + "\\n").encode())
+
+def load(role):  # an epoch's loader: a helper that forks a worker, as the loader's spawner does
+    helper = os.fork()
+    if helper == 0:
+        worker = os.fork()
+        if worker == 0:
+            hold()
+        say(role, "worker", worker)
+        hold()
+    say(role, "helper", helper)
+
+to_rank1 = None
+for command in iter(sys.stdin.readline, ""):
+    if command == "rank\\n":  # the framework starts rank 1 as this rank's child (Lightning's DDP launcher)
+        r, to_rank1 = os.pipe()
+        rank1 = os.fork()
+        if rank1 == 0:
+            os.close(to_rank1)
+            for _ in iter(os.fdopen(r).readline, ""):
+                load("rank1")
+            hold()
+        os.close(r)
+        say("rank1 rank", rank1)
+    else:
+        load("rank0")
+        if to_rank1 is not None:
+            os.write(to_rank1, b"load\\n")
+hold()
+"""
+"""Rank 0: on "rank", starts rank 1 as its child; on "load", starts an epoch's loader
+(helper and worker) in itself and in rank 1. Prints "<rank> <role> <pid>" for each process."""
+
+
+class CountedMoves(CgroupV1Backend):
+    """The cgroup v1 backend, counting every process it moves."""
+
+    moves = 0
+
+    def attach(self, job_id: str, pid: int) -> None:
+        self.moves += 1
+        super().attach(job_id, pid)
+
+    def detach(self, job_id: str, pid: int) -> None:
+        self.moves += 1
+        super().detach(job_id, pid)
+
+
+def _command(process, command: str, lines: int) -> dict[tuple[str, str], int]:
+    """Send a command to RANK_STARTS_RANK; {(rank, role): pid} from the lines it prints."""
+    process.stdin.write(command + "\n")
+    process.stdin.flush()
+    printed = [process.stdout.readline().split() for _ in range(lines)]
+    assert all(len(line) == 3 for line in printed), printed
+    return {(rank, role): int(pid) for rank, role, pid in printed}
+
+
+@needs_v1
+def test_a_rank_started_as_another_ranks_child_stays_apart_and_only_loaders_are_moved_back(
+    children: Children,  # noqa: F811
+) -> None:
+    group = unique_group()
+    backend = CountedMoves(group=group, root=ROOT)
+    backend.create("job")
+    rank0 = children.start(RANK_STARTS_RANK)
+    backend.attach("job", rank0.pid)
+    backend.moves = 0
+    job_path = f"/{group}/job"
+    training = TrainingProcesses(backend)
+    try:
+        loaders = _command(rank0, "load", 2)  # rank 0's first epoch, born in the job's group
+        training.reported("job", rank0.pid, running_workers=1, batches=4, loader_pids=loaders.values())
+        training.place("job", backend.pids("job"))
+        assert cgroups_of(rank0.pid)["cpu"] == "/" and backend.moves == 1
+
+        rank1 = _command(rank0, "rank", 1)[("rank1", "rank")]  # born where rank 0 is: outside
+        training.place("job", backend.pids("job"))  # before rank 1 has reported even once
+        assert cgroups_of(rank1)["cpu"] == "/", "rank 1 was taken for one of rank 0's loaders"
+
+        epoch = _command(rank0, "load", 4)  # each rank's next epoch: born outside, with their rank
+        every_loader = {*loaders.values(), *epoch.values()}
+        for step in range(6):
+            for rank, pid in (("rank0", rank0.pid), ("rank1", rank1)):
+                training.reported("job", pid, running_workers=1, batches=10 * (step + 1),
+                                  loader_pids=[p for (r, _), p in epoch.items() if r == rank])
+            processes = training.place("job", backend.pids("job"))
+            assert {p: cgroups_of(p)["cpu"] for p in (rank0.pid, rank1)} == {rank0.pid: "/", rank1: "/"}
+            assert {cgroups_of(p)["cpu"] for p in every_loader} == {job_path}, "every loader shares the job's weight"
+            assert processes == {rank0.pid, rank1, *every_loader}
+            assert training.apart("job") == 2
+        assert backend.moves == 1 + 4, "rank 0 out once, the second epoch's loaders in once each: no flapping"
+    finally:
+        children.kill_all()
+        remove_group(group)
+
+
+@needs_v1
+def test_a_rank_whose_library_names_no_loaders_has_its_children_moved_but_not_its_child_ranks(
+    children: Children,  # noqa: F811
+) -> None:
+    """An older library's reports (no ``loader_pids``): the rank's children are moved back,
+    all but those that report as ranks."""
+    group = unique_group()
+    backend = CountedMoves(group=group, root=ROOT)
+    backend.create("job")
+    rank0 = children.start(RANK_STARTS_RANK)
+    backend.attach("job", rank0.pid)
+    training = TrainingProcesses(backend)
+    try:
+        training.reported("job", rank0.pid, running_workers=1, batches=4)
+        training.place("job", backend.pids("job"))
+        rank1 = _command(rank0, "rank", 1)[("rank1", "rank")]
+        training.reported("job", rank1, running_workers=1, batches=4)
+        training.place("job", backend.pids("job"))
+        loaders = _command(rank0, "load", 4)
+        moves = backend.moves
+        for step in range(4):
+            for pid in (rank0.pid, rank1):
+                training.reported("job", pid, running_workers=1, batches=10 * (step + 1))
+            training.place("job", backend.pids("job"))
+            assert (cgroups_of(rank0.pid)["cpu"], cgroups_of(rank1)["cpu"]) == ("/", "/")
+        helpers = [loaders[("rank0", "helper")], loaders[("rank1", "helper")]]
+        assert {cgroups_of(p)["cpu"] for p in helpers} == {job_path := f"/{group}/job"}, job_path
+        assert backend.moves == moves + 2, "each rank's helper, once"
+    finally:
+        children.kill_all()
+        remove_group(group)

@@ -188,6 +188,13 @@ class DataLoader(TorchDataLoader[T_co]):
         """Pids of this loader's worker processes (for diagnostics and tests)."""
         return sorted({pid for source in self._sources() for pid in source.worker_pids()})
 
+    def loader_pids(self) -> list[int]:
+        """Pids of every process this loader loads in: its workers and the helpers that fork them
+        (the controller keeps these, and nothing else of the rank's, in the job's CPU group)."""
+        pids = {pid for source in self._sources() for pid in source.worker_pids()}
+        pids.update(pid for source in self._sources() if (pid := source.spawner_pid()) is not None)
+        return sorted(pids)
+
     def settle_step_timing(self) -> None:
         """Count in ``counters`` every step whose device markers are recorded, waiting for the device
         to reach them (the end of a measurement: it synchronises, so never call it per step)."""
