@@ -4,6 +4,7 @@ job's own output; a job whose loaders report stays running and is never warned."
 from __future__ import annotations
 
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -89,3 +90,21 @@ def test_adaptive_holds_an_unmanaged_job_what_its_group_uses_not_an_even_share(
     assert job.cores_used < 0.3, job.cores_used
     # An even share of the one core would be weight 50; what it uses, with the plan's margin, is well under it.
     assert job.cpu_weight < 40, (job.cpu_weight, job.cores_used)
+
+
+def test_a_launcher_asking_about_its_starting_job_still_forwards_a_signal_at_once(
+    start_controller: Callable[..., ControllerProcess], tmp_path: Path,
+) -> None:
+    """While the job is starting the launcher waits with a timeout between its questions; a
+    signal that arrives meanwhile is forwarded when it arrives, not at the next question."""
+    controller = start_controller("--policy", "even", "--cpus", "0", "--unmanaged-after", "60")
+    ready = tmp_path / "ready"
+    job = controller.run(sys.executable, "-c", "import pathlib, sys, time\npathlib.Path(sys.argv[1]).touch()\n"
+                         "time.sleep(60)", str(ready), name="starting")
+    wait_until(ready.exists, 20, "the command to start")
+    time.sleep(2.3)  # past the launcher's first question: it is between two of them now
+    sent = time.monotonic()
+    job.signal(signal.SIGTERM)
+    assert job.wait(20) == 128 + signal.SIGTERM
+    assert time.monotonic() - sent < 1.0
+    assert "is unmanaged" not in job.output()[1]
