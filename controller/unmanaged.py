@@ -21,7 +21,9 @@ indexing, model build) before it is called unmanaged."""
 
 NEVER_REPORTED = ("no loader has reported in {grace:g} s (its loader is not a torch DataLoader, "
                   "or it was started with --no-patch)")
-STOPPED_REPORTING = "no loader has reported for {silence:.0f} s (its loaders have stopped or exited)"
+STOPPED_REPORTING = "no loader has reported for over {grace:g} s (its loaders have stopped or exited)"
+"""Worded with the grace, not the silence: a reason that changed every step would be a new
+metrics series (adloader_job_info's label) every step."""
 
 
 def managed_ranks(ranks: Mapping[int, RankWindow]) -> dict[int, RankWindow]:
@@ -39,7 +41,7 @@ def unmanaged_reason(ranks: Mapping[int, RankWindow], now: float, watched_since:
         return None if now - watched_since < grace_s else NEVER_REPORTED.format(grace=grace_s)
     silence = now - max(at for at, _ in latest)
     if silence >= grace_s:
-        return STOPPED_REPORTING.format(silence=silence)
+        return STOPPED_REPORTING.format(grace=grace_s)
     if any(report.unmanaged_reason is None for _, report in latest):
         return None
     return _joined(report.unmanaged_reason for _, report in latest if report.unmanaged_reason)

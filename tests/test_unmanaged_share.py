@@ -35,7 +35,9 @@ def test_a_job_whose_loaders_stopped_reporting_is_not_running_past_the_grace() -
     ranks = {0: _window(10.0, 11.0)}
     assert unmanaged_reason(ranks, now=70.9, watched_since=0.0, grace_s=60.0) is None
     assert unmanaged_reason(ranks, now=71.0, watched_since=0.0, grace_s=60.0) == (
-        "no loader has reported for 60 s (its loaders have stopped or exited)")
+        "no loader has reported for over 60 s (its loaders have stopped or exited)")
+    assert unmanaged_reason(ranks, now=500.0, watched_since=0.0, grace_s=60.0) == unmanaged_reason(
+        ranks, now=71.0, watched_since=0.0, grace_s=60.0)  # one reason, one metrics series, however long
 
 
 def _hungry(job_id: str, gpus: int = 4) -> JobView:
