@@ -62,7 +62,7 @@ class TerminalFormatter(logging.Formatter):
 
 
 def configure_logging(command: str, level: str) -> None:
-    """A daemon logs with timestamps and module names; a terminal command (and any command at DEBUG)
+    """A daemon, and any command at DEBUG, logs with timestamps and module names; a terminal command
     logs plain lines that start with its name."""
     handler = logging.StreamHandler(sys.stderr)
     if command in DAEMONS or level == "DEBUG":

@@ -23,6 +23,9 @@ from adloader.protocol import JobSnapshot, NodeSnapshot
 EXIT_NO_CONTROLLER = 2
 EXIT_REFUSED = 1
 """The controller refused the request, or the command line asks for nothing sensible."""
+NO_CONTROLLER_ADVICE = ("start one (sudo systemctl start adloader-controller, or adloader controller; "
+                        "adloader doctor says what the node lacks), "
+                        "or name its socket with --socket or ADLOADER_SOCKET")
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 DEFAULT_CPU_WEIGHT = 100
 """The weight of a group nobody weighted (cgroup v2's cpu.weight default; v1 cpu.shares 1024)."""
@@ -50,15 +53,13 @@ def main(args: argparse.Namespace) -> int:
     try:
         client = connect_first([args.socket] if args.socket else paths.client_socket_paths())
     except ControllerUnavailable as exc:
-        print(f"adloader status: {exc}; is 'adloader controller' running? "
-              "(--socket or ADLOADER_SOCKET names another socket)", file=sys.stderr)
+        print(f"adloader status: {exc}; {NO_CONTROLLER_ADVICE}", file=sys.stderr)
         return EXIT_NO_CONTROLLER
     with client:
         try:
             first = fetch(client)
         except ControllerUnavailable as exc:
-            print(f"adloader status: {exc}; is 'adloader controller' running? "
-                  "(--socket or ADLOADER_SOCKET names another socket)", file=sys.stderr)
+            print(f"adloader status: {exc}; {NO_CONTROLLER_ADVICE}", file=sys.stderr)
             return EXIT_NO_CONTROLLER
         except ControllerRefused as exc:
             print(f"adloader status: {exc}", file=sys.stderr)

@@ -84,7 +84,7 @@ def test_unknown_command_is_one_line_naming_the_choices() -> None:
         (["bench", "--mix", "/etc/passwd"], "adloader bench", str(REPO / "bench" / "mixes")),
         (["bench", "--cpus", "9999"], "adloader bench", "online CPUs are "),
         (["demo", "--mix", "/etc/passwd"], "adloader demo", str(REPO / "bench" / "mixes")),
-        (["status", "--socket", "/nonexistent/adloader.sock"], "adloader status", "'adloader controller' running"),
+        (["status", "--socket", "/nonexistent/adloader.sock"], "adloader status", "start one (sudo systemctl start"),
         (["model"], "adloader model", "'adloader model --help'"),
     ],
 )
