@@ -1,9 +1,10 @@
-"""The benchmark's synthetic training job (GPU-emulated).
+"""The benchmark's synthetic training job (GPU-emulated, or training a real model).
 
 A real training loop over a real dataset on disk: ``adloader.DataLoader`` loads
 JPEGs (decode, random crop, flip, normalise) or, for a job bound by reads, raw
 samples read with O_DIRECT; the GPU step is emulated by sleeping for the batch's
-compute time. It runs until ``--samples`` samples are done (as many epochs as
+compute time, or with ``--compute cuda`` trains a zoo model on the batch on the GPU,
+held to that compute time (bench/gpu_step.py). It runs until ``--samples`` samples are done (as many epochs as
 that takes) and writes its timeline, when each batch arrived and how long the
 loop waited for it, to ``--timeline`` for the benchmark to score.
 
@@ -29,7 +30,9 @@ import resource
 import sys
 import time
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
+
+from bench.gpu_step import COMPUTE_MODES, DEFAULT_MODEL, HeldStep, ModelStep, sleep_step
 
 TIMELINE_VERSION = 1
 
@@ -56,6 +59,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="evaluate every this many training steps, on a second DataLoader")
     parser.add_argument("--eval-batches", type=int, default=0, help="batches an evaluation takes")
     parser.add_argument("--eval-compute-ms", type=float, default=0.0, help="emulated forward pass per eval batch")
+    parser.add_argument("--compute", choices=COMPUTE_MODES[1:], default="sleep",
+                        help="the GPU step: a sleep (GPU-emulated), or --model trained on the batch on cuda or cpu")
+    parser.add_argument("--model", default=DEFAULT_MODEL, help="the zoo model --compute cuda/cpu trains")
     return parser.parse_args(argv)
 
 
@@ -74,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from adloader import DataLoader
 
     started = time.time()
+    held = None if args.compute == "sleep" else HeldStep(ModelStep(args.model, args.compute))
     dataset = build_dataset(args)
     if args.phase_after_s is not None:  # bench/runner.py passes it only to a job that loads samples repeatedly
         from bench.datasets import Phased
@@ -83,6 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     loader = DataLoader(
         dataset, batch_size=args.batch_size, shuffle=True, num_workers=args.num_workers,
         drop_last=len(dataset) >= args.batch_size, persistent_workers=args.num_workers > 0,
+        pin_memory=args.compute == "cuda",
     )
     evaluation = None
     if args.eval_every_steps and args.eval_batches > 0:
@@ -90,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             build_dataset(args), batch_size=args.batch_size, shuffle=False, num_workers=args.num_workers,
             persistent_workers=args.num_workers > 0,
         )
-    loop = GpuLoop(time.monotonic(), args.python_ms_per_batch / 1000.0)
+    loop = GpuLoop(time.monotonic(), args.python_ms_per_batch / 1000.0, held or sleep_step)
     cpu_at_start = _cpu_seconds()
     loop_start_wall = time.time()
     samples = training_steps = 0
@@ -125,6 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "busy_s": sum(s[2] for s in steps),
         "wait_s": sum(s[1] for s in steps),
         "sleep_overrun_s": loop.overrun_s,
+        "compute": args.compute,
+        "gpu_late_s": held.late_s if held is not None else 0.0,
         "cpu_s": _cpu_seconds() - cpu_at_start,
         "steps": steps,
         "steps_fields": ["t_s", "wait_s", "compute_s"],
@@ -138,12 +148,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 class GpuLoop:
     """The training loop's steps: wait for a batch, do the loop's Python work, then the GPU
-    step, emulated by a sleep. Records each step as (seconds since ``start``, its wait for
-    the batch, its compute) and the seconds the process woke late from its sleeps."""
+    step (``gpu_step(batch, compute_s)``: a sleep, or bench/gpu_step.py's held model step).
+    Records each step as (seconds since ``start``, its wait for the batch, its compute) and the
+    seconds the process woke late from its sleeps."""
 
-    def __init__(self, start: float, python_s_per_batch: float) -> None:
+    def __init__(self, start: float, python_s_per_batch: float,
+                 gpu_step: Callable[[Any, float], None] = sleep_step) -> None:
         self.start = start
         self.python_s_per_batch = python_s_per_batch
+        self.gpu_step = gpu_step
         self.steps: list[tuple[float, float, float]] = []
         self.overrun_s = 0.0
 
@@ -156,7 +169,7 @@ class GpuLoop:
             return None
         python_work(self.python_s_per_batch)
         got = time.monotonic()
-        time.sleep(compute_s)  # the GPU step, emulated: the CPU is idle while a GPU computes
+        self.gpu_step(batch, compute_s)
         self.overrun_s += max(0.0, time.monotonic() - got - compute_s)
         self.steps.append((round(got - self.start, 4), round(got - asked, 4), compute_s))
         return batch

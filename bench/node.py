@@ -1,4 +1,5 @@
-"""``adloader bench``: the GPU-emulated node benchmark comparing the policies on a job mix.
+"""``adloader bench``: the node benchmark comparing the policies on a job mix (GPU-emulated, or
+training real models where there is a GPU: ``--compute``, bench/gpu_step.py).
 
 Every policy runs the same mix in one invocation, interleaved (A B C A B C) so
 that machine drift cancels, each run on a fresh controller with real jobs started
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from adloader.cpuspec import online_subset
-from bench import machine, report
+from bench import gpu_step, machine, report
 from bench.mix import DEFAULT_MIX, PREDICTION_MIX, Mix, load_mix, mix_from_dict, random_mix
 from bench.runner import JobOutcome, NodeSetup, Progress, RunOutcome, run_policy, split_variant
 
@@ -63,6 +64,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         "controller's)")
     parser.add_argument("--read-bps", type=float, default=None,
                         help=f"read bandwidth to share, bytes/s (default: the mix's, else {DEFAULT_READ_BPS:g})")
+    parser.add_argument("--compute", choices=gpu_step.COMPUTE_MODES, default="auto",
+                        help="each job's GPU step: sleep (GPU-emulated), cuda (a zoo model trained on the GPU, "
+                        "shared by every job), cpu (the same on the CPU: a dry run); auto (default): cuda where "
+                        "torch sees a GPU, else sleep")
     parser.add_argument("--cache", type=Path, default=CACHE_DIR, help="where datasets are generated once")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/adloader-bench"),
                         help="run directories: controller logs, job output, timelines")
@@ -88,7 +93,7 @@ def main(args: argparse.Namespace) -> int:
     for mix in mixes:
         if scale != 1.0:
             mix = mix.scaled(scale)
-        node = node_setup(mix, args.cpus, args.read_bps, args.cache, args.period, args.settle_period)
+        node = node_setup(mix, args.cpus, args.read_bps, args.cache, args.period, args.settle_period, args.compute)
         runs, document = benchmark(mix, policies, repeats, node, args.cache, args.workdir, progress=print_progress)
         print(report.table(document["policies"], listed(policies)))
         for line in goal_lines(document):
@@ -119,7 +124,7 @@ def _prediction_start(args: argparse.Namespace) -> int:
     mix = load_mix(args.mix or PREDICTION_MIX)
     if args.scale is not None:
         mix = mix.scaled(args.scale)
-    node = node_setup(mix, args.cpus, args.read_bps, args.cache, args.period, args.settle_period)
+    node = node_setup(mix, args.cpus, args.read_bps, args.cache, args.period, args.settle_period, args.compute)
     document = prediction_start.compare(mix, args.repeats or 3, node, prepare_datasets(mix, args.cache),
                                         args.workdir, progress=print_progress)
     print(prediction_start.table(document))
@@ -130,14 +135,15 @@ def _prediction_start(args: argparse.Namespace) -> int:
 
 
 def node_setup(mix: Mix, cpus: str, read_bps: float | None, cache: Path, period: float = NodeSetup.period_s,
-               settle_period: float = NodeSetup.settle_period_s) -> NodeSetup:
-    """The controller's view of the node: bandwidth of the disk holding the datasets."""
+               settle_period: float = NodeSetup.settle_period_s, compute: str = "sleep") -> NodeSetup:
+    """The controller's view of the node: bandwidth of the disk holding the datasets; how its
+    jobs make their GPU steps (``compute``, bench/gpu_step.py: ``auto`` resolved here)."""
     from controller.backends.blockdev import read_device_of
 
     cache.mkdir(parents=True, exist_ok=True)
     bandwidth = read_bps or mix.read_bps or DEFAULT_READ_BPS
     return NodeSetup(cpus=cpus, period_s=period, settle_period_s=settle_period, read_bps=bandwidth,
-                     read_device=read_device_of(cache))
+                     read_device=read_device_of(cache), compute=gpu_step.resolve(compute))
 
 
 def prepare_datasets(mix: Mix, cache: Path) -> dict[str, Path]:
@@ -187,7 +193,8 @@ def benchmark(
                                        oracle_curves=curves, progress=progress, label=label))
     summary = with_best_static_split(report.summarise(runs))
     document = {
-        "benchmark": "adloader node benchmark (GPU-emulated: each job's GPU step is a sleep)",
+        "benchmark": f"adloader node benchmark ({gpu_step.describe(node.compute)})",
+        "gpu_step": node.compute,
         "machine": machine.describe() | {"cpus_managed": node.cpus},
         "node": {"cpus": node.cpus, "period_s": node.period_s, "settle_period_s": node.settle_period_s,
                  "read_bps": node.read_bps, "read_device": node.read_device},

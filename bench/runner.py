@@ -63,6 +63,9 @@ class NodeSetup:
     """The controller's own defaults: what a user runs."""
     read_bps: float | None = None
     read_device: str | None = None
+    compute: str = "sleep"
+    """How each job makes its GPU step: ``sleep`` (GPU-emulated), or ``cuda``/``cpu``: it trains a
+    zoo model on its batches there (bench/gpu_step.py)."""
 
 
 @dataclass
@@ -163,7 +166,8 @@ def run_policy(
                     waiting.append(pending.pop(0))
                 for spec in starting_now(waiting, free_gpus(mix, outcomes), lambda spec: spec.gpus):
                     waiting.remove(spec)
-                    launchers[spec.name] = _launch(controller, spec, datasets[spec.name], run_dir, send_features)
+                    launchers[spec.name] = _launch(controller, spec, datasets[spec.name], run_dir, send_features,
+                                                   node.compute)
                     outcomes.append(JobOutcome(spec=spec, launched_s=now))
                 if queue_file is not None and told != [spec.name for spec in waiting]:
                     write_pending(queue_file, waiting)
@@ -193,8 +197,10 @@ def run_policy(
                       wall_s=wall, samples=status_samples, controller_wait_s=waited)
 
 
-def job_command(spec: JobSpec, dataset: Path, timeline: Path, features: Path | None = None) -> list[str]:
-    """``adloader run`` of one mix job (sending ``features`` at registration when given)."""
+def job_command(spec: JobSpec, dataset: Path, timeline: Path, features: Path | None = None,
+                compute: str = "sleep") -> list[str]:
+    """``adloader run`` of one mix job (sending ``features`` at registration when given; its GPU
+    step made as ``compute`` says: NodeSetup.compute)."""
     command = [
         sys.executable, "-m", "adloader", "run", "--name", spec.name, "--gpus", str(spec.gpus),
         "--num-workers", str(spec.num_workers), "--samples", str(spec.samples),
@@ -214,6 +220,8 @@ def job_command(spec: JobSpec, dataset: Path, timeline: Path, features: Path | N
     if spec.evaluates:
         command += ["--eval-every-steps", str(spec.eval_every_steps), "--eval-batches", str(spec.eval_batches),
                     "--eval-compute-ms", str(spec.eval_compute_ms_per_batch)]
+    if compute != "sleep":
+        command += ["--compute", compute]
     return command
 
 
@@ -285,11 +293,11 @@ def make_weighted_group(group: str) -> Path:
     return directory
 
 
-def _launch(controller: ControllerProcess, spec: JobSpec, dataset: Path, run_dir: Path, send_features: bool
-            ) -> JobProcess:
+def _launch(controller: ControllerProcess, spec: JobSpec, dataset: Path, run_dir: Path, send_features: bool,
+            compute: str) -> JobProcess:
     timeline = run_dir / f"{spec.name}.timeline.json"
     features = write_features(spec, run_dir) if send_features and spec.model is not None else None
-    return controller.launch(job_command(spec, dataset, timeline, features), name=spec.name)
+    return controller.launch(job_command(spec, dataset, timeline, features, compute), name=spec.name)
 
 
 def _job_fields(job) -> dict:

@@ -139,7 +139,7 @@ def evaluate(corpus: Mapping) -> dict:
     pooled = _summarise(pooled_rows, [c for f in families for c in covered[f]], [e for f in families for e in online[f]],
                         [n for f in families for n in noise[f]])
     return {
-        "label": "CPU-proxy",
+        "label": "CPU-proxy" if device.kind == "cpu" else f"GPU ({device.name})",
         "device": corpus["device"].get("source", ""),
         "device_numbers": corpus.get("device_numbers"),
         "corpus_created": corpus.get("created"),

@@ -91,7 +91,10 @@ def load_corpus(path: Path | None = None) -> dict:
 
 
 def corpus_device(corpus: Mapping) -> Device:
-    """The device the corpus was measured on, with the numbers measured while profiling."""
+    """The device the corpus was measured on: a GPU's as the corpus records it (python -m bench.gpu),
+    a CPU with the numbers measured while profiling."""
+    if corpus.get("device", {}).get("kind") == "gpu":
+        return Device(**corpus["device"])
     numbers = corpus["device_numbers"]
     return cpu_device(numbers, int(corpus.get("threads", 1)), str(corpus.get("cpu_model", "unknown cpu")))
 

@@ -15,6 +15,8 @@ processes of a shared machine take the core (the wall-clock median is kept too, 
 ``step_wall_s``). The device is measured before the first point, between families and after
 the last; the median of those measurements is the corpus's device, and their spread and the
 load averages recorded with them say how much the machine drifted or was shared.
+On a GPU (``device="cuda"``: ``python -m bench.gpu``) phases and ops are timed by the wall
+clock with the device synchronised around each (:func:`cuda_clock`).
 """
 from __future__ import annotations
 
@@ -41,27 +43,38 @@ log = logging.getLogger(__name__)
 CORPUS_VERSION = 1
 
 
-def profile_point(model_spec: ZooModel, batch: int, steps: int, warmup: int = 3, instrumented: int = 3) -> dict:
-    """Profile one architecture at one batch size on the CPU; returns one corpus record."""
+def cuda_clock() -> float:
+    """The clock a GPU is profiled with: the wall clock once the device has done all queued work."""
+    torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def profile_point(model_spec: ZooModel, batch: int, steps: int, warmup: int = 3, instrumented: int = 3,
+                  device: str = "cpu") -> dict:
+    """Profile one architecture at one batch size on ``device`` ("cpu", or "cuda": phases and
+    ops timed by :func:`cuda_clock`); returns one corpus record."""
     torch.manual_seed(0)
     model = model_spec.make().train()
     inputs = model_spec.batch(batch)
     features = describe(model, inputs, loss_fn=classification_loss, optimizer=model_spec.optimizer).features
+    model.to(device)
+    inputs = inputs.to(device)
     factory = OPTIMIZERS[model_spec.optimizer]
     assert factory is not None
     optimizer = factory(model.parameters())
+    clock = cpu_clock if device == "cpu" else cuda_clock
 
     def timed_step() -> tuple[float, float, float, float]:
-        """(forward, backward, optimizer) CPU seconds of this thread, and the step's wall seconds."""
+        """(forward, backward, optimizer) seconds by ``clock``, and the step's wall seconds."""
         optimizer.zero_grad(set_to_none=True)
+        start = clock()
         wall = time.perf_counter()
-        start = time.thread_time()
         loss = classification_loss(model(inputs))
-        forward_done = time.thread_time()
+        forward_done = clock()
         loss.backward()
-        backward_done = time.thread_time()
+        backward_done = clock()
         optimizer.step()
-        end = time.thread_time()
+        end = clock()
         return forward_done - start, backward_done - forward_done, end - backward_done, time.perf_counter() - wall
 
     for _ in range(warmup):
@@ -70,7 +83,7 @@ def profile_point(model_spec: ZooModel, batch: int, steps: int, warmup: int = 3,
     samples = [timed_step() for _ in range(steps // 2)]
     for _ in range(instrumented):
         optimizer.zero_grad(set_to_none=True)
-        result = account_step(lambda: classification_loss(model(inputs)), optimizer.step, clock=cpu_clock)
+        result = account_step(lambda: classification_loss(model(inputs)), optimizer.step, clock=clock)
         if result.failed_phase is not None:
             raise RuntimeError(f"{model_spec.name}: instrumented step failed in {result.failed_phase}: {result.error}")
         op_runs.append(result.tally.op_seconds)

@@ -13,7 +13,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -162,3 +162,13 @@ def open_device(dry_run: bool) -> CheckDevice:
     if not torch.cuda.is_available():
         raise GpuCheckError("no CUDA device is visible to torch here; run with --dry-run to check the code on CPU")
     return CudaDevice()
+
+
+def training_step(device: CheckDevice, emulated_ms: float = 10.0) -> Callable[[torch.Tensor], None]:
+    """One training step on a batch of images: on a GPU the zoo's small ResNet trained on it
+    (bench/gpu_step.py); on the emulated device ``emulated_ms`` of queued work (a sleeping step)."""
+    if device.emulated:
+        return lambda images: device.compute(emulated_ms / 1000.0)
+    from bench.gpu_step import DEFAULT_MODEL, ModelStep
+
+    return ModelStep(DEFAULT_MODEL, device.torch_device)
