@@ -98,7 +98,9 @@ def test_reports_only_for_the_job_whose_cgroup_holds_the_sender(controller: Cont
     reporter = controller.run(sys.executable, "-c", REPORTER, victim_id, name="reporter")
     assert reporter.wait() == 0, reporter.output()
     replies = json.loads(reporter.output()[0])
-    assert replies["own"] == {"type": "target", "num_workers": 1}, replies  # Target.cores is gone: no job read it
+    assert replies["own"] == {"type": "target", "num_workers": 1,  # Target.cores is gone: no job read it
+                              "reason": "the even policy gives this job 0.5 cores (a CPU quota), and workers follow "
+                              "cores"}, replies
     assert replies["other"]["type"] == "error" and replies["other"]["code"] == "forbidden", replies
     assert controller.job(victim_id).samples_total == 0  # the victim's counters never moved
 
