@@ -56,7 +56,8 @@ def substitution_on(environ: Mapping[str, str] | None = None) -> bool:
     and ``ADLOADER_SOCKET`` set); the launcher also puts the start-up hook's directory first on
     ``PYTHONPATH``, which every process of the job inherits."""
     environ = environ if environ is not None else os.environ
-    return environ.get(SUBSTITUTE_VAR, "") == "1" and job_id(environ) is not None and socket_override(environ) is not None
+    managed = job_id(environ) is not None and socket_override(environ) is not None
+    return managed and environ.get(SUBSTITUTE_VAR, "") == "1"
 
 
 def managed_environment(base: Mapping[str, str], socket_path: str, job: str, substitute: bool = True) -> dict[str, str]:

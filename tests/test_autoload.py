@@ -18,12 +18,13 @@ import json
 import subprocess
 import sys
 import textwrap
+from importlib.machinery import SourceFileLoader
 from pathlib import Path
 
 import pytest
 
 from adloader import env
-from adloader.autoload import BOOT_DIR
+from adloader.autoload import BOOT_DIR, hooks
 from bench.controller_process import REPO, ControllerProcess, base_environment, wait_until
 
 OURS = "adloader.dataloader.loader.DataLoader"
@@ -49,7 +50,8 @@ def run_python(script: str, environ: dict[str, str], tmp_path: Path) -> dict:
 def test_start_up_chains_to_the_environments_sitecustomize_once_and_imports_no_torch(tmp_path: Path) -> None:
     own = tmp_path / "site-own"
     own.mkdir()
-    (own / "sitecustomize.py").write_text("import builtins\nbuiltins.OWN_SITE_RUNS = getattr(builtins, 'OWN_SITE_RUNS', 0) + 1\n")
+    (own / "sitecustomize.py").write_text(
+        "import builtins\nbuiltins.OWN_SITE_RUNS = getattr(builtins, 'OWN_SITE_RUNS', 0) + 1\n")
     environ = managed_environment()
     environ["PYTHONPATH"] = f"{BOOT_DIR}:{environ['PYTHONPATH']}:{own}"  # ours twice: no recursion
     seen = run_python("""
@@ -60,6 +62,27 @@ def test_start_up_chains_to_the_environments_sitecustomize_once_and_imports_no_t
     """, environ, tmp_path)
     assert seen["own_runs"] == 1
     assert seen["heavy"] == []
+
+
+def test_a_hook_runs_once_when_its_module_has_imported_and_one_that_fails_breaks_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    name = f"adl_hook_probe_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text("VALUE = 42\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    calls: list[int] = []
+
+    def fail(_module: object) -> None:
+        raise RuntimeError("a broken hook")
+
+    hooks.when_imported(name, fail)
+    hooks.when_imported(name, lambda module: calls.append(module.VALUE))
+    module = importlib.import_module(name)
+    importlib.import_module(name)
+    assert calls == [42]
+    assert type(module.__loader__) is SourceFileLoader and module.__spec__.loader is module.__loader__
+    hooks.when_imported(name, lambda module: calls.append(-module.VALUE))  # imported already: at once
+    assert calls == [42, -42]
+    monkeypatch.delitem(sys.modules, name)
 
 
 SUBSTITUTED = """
@@ -135,20 +158,16 @@ def test_a_loader_adloader_cannot_run_falls_back_to_torchs_with_one_warning(subs
     parent, reason, stateful_batches = seen["stateful"]
     assert parent == OURS and "StatefulDataLoader does not call DataLoader.__init__" in reason
     assert stateful_batches == seen["batches"]
-    assert len(seen["recorded"]) == 1 and "in_order=False" in seen["recorded"][0]
+    in_order, stateful = seen["recorded"]
+    assert "in_order=False" in in_order and "StatefulDataLoader" in stateful
 
 
-@pytest.mark.parametrize("environ", [
-    pytest.param(lambda: managed_environment(substitute=False), id="adloader-run-no-substitute"),
-    pytest.param(lambda: base_environment(PYTHONPATH=f"{BOOT_DIR}:{REPO}", ADLOADER_SUBSTITUTE="1"),
-                 id="not-managed"),
-])
-def test_loaders_stay_torchs_with_the_flag_off_or_outside_a_managed_job(environ, tmp_path: Path) -> None:
+def test_loaders_stay_torchs_with_adloader_run_no_substitute(tmp_path: Path) -> None:
     seen = run_python("""
         import json, torch.utils.data
         DataLoader = torch.utils.data.DataLoader
         print(json.dumps({"name": f"{DataLoader.__module__}.{DataLoader.__qualname__}"}))
-    """, environ(), tmp_path)
+    """, managed_environment(substitute=False), tmp_path)
     assert seen["name"] == "torch.utils.data.dataloader.DataLoader"
 
 
@@ -174,15 +193,20 @@ def test_adloader_dataloader_is_a_class_once_torch_imports_so_lightning_can_rebu
     assert seen["batches"] == [[0.0, 2.0], [4.0, 6.0], [8.0, 10.0], [12.0, 14.0]]
 
 
-def test_importing_adloader_imports_no_torch_and_torch_first_defines_the_class_at_once(tmp_path: Path) -> None:
+def test_outside_a_managed_job_import_adloader_stays_light_and_torch_keeps_its_loader(tmp_path: Path) -> None:
+    """``adloader --help`` and the controller import adloader: no torch. Torch imported after it defines
+    ``adloader.DataLoader`` at once, and without a job id the start-up file substitutes nothing."""
     seen = run_python("""
         import json, sys
         import adloader
         light = "torch" not in sys.modules and "DataLoader" not in vars(adloader)
-        import torch
-        print(json.dumps({"light": light, "defined": "DataLoader" in vars(adloader)}))
-    """, base_environment(), tmp_path)
-    assert seen == seen | {"light": True, "defined": True}
+        import torch.utils.data
+        DataLoader = torch.utils.data.DataLoader
+        print(json.dumps({"light": light, "defined": "DataLoader" in vars(adloader),
+                          "name": f"{DataLoader.__module__}.{DataLoader.__qualname__}"}))
+    """, base_environment(PYTHONPATH=f"{BOOT_DIR}:{REPO}", ADLOADER_SUBSTITUTE="1"), tmp_path)
+    assert seen["light"] and seen["defined"]
+    assert seen["name"] == "torch.utils.data.dataloader.DataLoader"
 
 
 @pytest.mark.slow

@@ -42,8 +42,8 @@ def _call(name: str, callback: Callback, module: ModuleType) -> None:
     except Exception:  # noqa: BLE001 - a hook must never break the program's import
         import logging
 
-        logging.getLogger(__name__).warning("adloader: the hook run after importing %s failed; the program goes on without it",
-                    name, exc_info=True)
+        logging.getLogger(__name__).warning(
+            "adloader: the hook run after importing %s failed; the program goes on without it", name, exc_info=True)
 
 
 class PostImportFinder(importlib.abc.MetaPathFinder):
@@ -57,7 +57,8 @@ class PostImportFinder(importlib.abc.MetaPathFinder):
         with self._lock:
             self._callbacks.setdefault(name, []).append(callback)
 
-    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None) -> ModuleSpec | None:
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> ModuleSpec | None:
         if fullname not in self._callbacks:
             return None
         for finder in list(sys.meta_path):

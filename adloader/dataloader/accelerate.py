@@ -1,11 +1,16 @@
-"""Keeping adloader's loader under HF Accelerate, whose ``prepare()`` rebuilds every loader as torch's.
+"""Keeping adloader's loader under HF Accelerate, whose ``prepare()`` rebuilds every loader.
 
 ``accelerator.prepare(loader)`` returns a ``DataLoaderShard`` (or ``DataLoaderDispatcher``) that
-wraps a *new* ``torch.utils.data.DataLoader`` built from the old one's dataset and sampler: an
-``adloader.DataLoader`` passed in comes out as torch's, silently unmanaged (no reports, no resizes).
-:func:`prepare_data_loader` prepares it as usual, then puts an ``adloader.DataLoader`` with the same
-arguments (Accelerate's sharded batch sampler included) in place of the wrapped one, so Accelerate's
-sharding, device placement and RNG sync work as before and the loader is ours again.
+wraps a *new* loader of the class Accelerate bound as ``DataLoader`` when it was imported, built
+from the old one's dataset and sampler. Under ``adloader run`` that class is adloader's (the
+substitution of adloader.autoload happens when torch imports, before Accelerate does), so the
+wrapped loader is ours and nothing here is needed: :func:`prepare_data_loader` then returns
+``prepare()``'s result unchanged. Where the substitution is off (``adloader run --no-substitute``,
+or Accelerate imported in a process not started by ``adloader run``), the wrapped loader is
+torch's and an ``adloader.DataLoader`` passed in comes out silently unmanaged: the function puts
+an ``adloader.DataLoader`` with the same arguments (Accelerate's sharded batch sampler included)
+in place of the wrapped one, so Accelerate's sharding, device placement and RNG sync work as
+before and the loader is ours again.
 """
 from __future__ import annotations
 

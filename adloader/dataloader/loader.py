@@ -106,10 +106,7 @@ class DataLoader(TorchDataLoader[T_co]):
             persistent_workers=persistent_workers, pin_memory_device=pin_memory_device, in_order=in_order,
         )
         if reason is not None:
-            self.__dict__["_runs_as_torch"] = reason
-            if unmanaged.note_unmanaged(reason):
-                warnings.warn(f"adloader: this DataLoader runs as torch's, unmanaged: {reason}", TorchLoaderFallback,
-                              stacklevel=2)
+            self._run_as_torch(reason, stacklevel=3)
             return
         self._prefetch = prefetch_factor if prefetch_factor is not None else 2
         self._lock = threading.Lock()
@@ -126,6 +123,13 @@ class DataLoader(TorchDataLoader[T_co]):
         self._latencies: list[float] = []
         self.__dict__["_initialised"] = True
         reporter.attach(self)
+
+    def _run_as_torch(self, reason: str, stacklevel: int) -> None:
+        """Mark this loader as running as torch's; the first in the process warns, saying why."""
+        self.__dict__["_runs_as_torch"] = reason
+        if unmanaged.note_unmanaged(reason):
+            warnings.warn(f"adloader: this DataLoader runs as torch's, unmanaged: {reason}", TorchLoaderFallback,
+                          stacklevel=stacklevel)
 
     @property
     def unmanaged_reason(self) -> str | None:
@@ -145,8 +149,12 @@ class DataLoader(TorchDataLoader[T_co]):
     def num_workers(self, n: int) -> None:
         if self.__dict__.get("_initialised"):
             self.set_num_workers(n)
-        else:
-            self.__dict__["_target"] = n
+            return
+        if "_target" not in self.__dict__ and "_runs_as_torch" not in self.__dict__:
+            # every loader's __init__ sets num_workers (through torch's __setattr__: stacklevel 5 is its
+            # caller); ours sets _target first, so this one skips ours
+            self._run_as_torch(f"{type(self).__qualname__} does not call DataLoader.__init__", stacklevel=5)
+        self.__dict__["_target"] = n
 
     def set_num_workers(self, n: int) -> None:
         """Use ``n`` workers from now on (0: load in the training process). Live for map-style
