@@ -91,7 +91,7 @@ def check_cgroups(roots: NodeRoots, group: str) -> Finding:
     if version == 2:
         return _v2_controllers(roots, group)
     if version == 1:
-        return _v1_hierarchies(roots)
+        return _v1_hierarchies(roots, group)
     return Finding("cgroups", WARN, f"no cgroup mount at {roots.cgroup}: the controller falls back to CPU "
                    "affinity (no CPU quota, no read throttle, workers only)",
                    "mount cgroup2 at /sys/fs/cgroup (the default of systemd 247 and later), or the v1 cpu, "
@@ -117,9 +117,11 @@ def _v2_controllers(roots: NodeRoots, group: str) -> Finding:
     return Finding("cgroups", OK, says)
 
 
-def _v1_hierarchies(roots: NodeRoots) -> Finding:
+def _v1_hierarchies(roots: NodeRoots, group: str) -> Finding:
     mounted = [h for h, (key, _) in V1_HIERARCHIES.items() if (roots.cgroup / h / key).is_file()]
-    says = f"cgroup v1 at {roots.cgroup}: {' '.join(mounted) or 'no'} hierarchies mounted"
+    parent = parent_below(cgroups_of(roots.pid, roots.proc).get("cpu", "/"), group)
+    says = (f"cgroup v1 at {roots.cgroup}: {' '.join(mounted) or 'no'} hierarchies mounted; job groups would go "
+            f"in {parent.rstrip('/')}/{group} of the cpu hierarchy")
     if "cpu" not in mounted:
         return Finding("cgroups", FAIL, says + "; without the cpu hierarchy no CPU share can be given",
                        f"mount it: mount -t cgroup -o cpu cgroup {roots.cgroup / 'cpu'}")
@@ -149,12 +151,12 @@ def check_write_access(roots: NodeRoots, state_dir: Path) -> Finding:
 
 def check_scheduler(roots: NodeRoots) -> Finding:
     """The scheduler layout job groups nest under: Slurm, kubelet, systemd, or a bare node."""
-    daemons = {name: pid for pid, name in _commands(roots.proc) if name in ("slurmd", "kubelet", "systemd")}
-    layouts = {path for pid, _ in _commands(roots.proc) for path in cgroups_of(pid, roots.proc).values()}
-    layout = detect_scheduler(layouts)
-    if "slurmd" in daemons and layout not in ("slurm",):
+    commands = _commands(roots.proc)
+    daemons = {name: pid for pid, name in commands if name in ("slurmd", "kubelet", "systemd")}
+    layout = detect_scheduler({path for pid, _ in commands for path in cgroups_of(pid, roots.proc).values()})
+    if "slurmd" in daemons:  # no job running yet: no Slurm cgroup to see, but its daemon says where jobs go
         layout = "slurm"
-    elif "kubelet" in daemons and layout == "systemd":
+    elif "kubelet" in daemons and layout != "slurm":
         layout = "kubernetes"
     running = ", ".join(f"{name} (pid {pid})" for name, pid in sorted(daemons.items()))
     words = {"slurm": "Slurm: each job's group nests under its Slurm job's cgroup, inside its allocation",

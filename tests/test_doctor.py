@@ -47,6 +47,7 @@ def _v2_node(tmp_path: Path, controllers: str, delegated: str = "") -> NodeRoots
 def test_the_real_v1_mounts_are_ok_and_writable(tmp_path: Path) -> None:
     cgroups = check_cgroups(NodeRoots(), "adloader")
     assert cgroups.level == OK and cgroups.says.startswith("cgroup v1 at /sys/fs/cgroup: cpu cpuacct cpuset blkio")
+    assert "job groups would go in " in cgroups.says
     access = check_write_access(NodeRoots(), tmp_path / "state")
     assert access.level == OK and str(tmp_path / "state") in access.says
 
