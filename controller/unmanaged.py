@@ -20,7 +20,7 @@ DEFAULT_GRACE_S = 60.0
 indexing, model build) before it is called unmanaged."""
 
 NEVER_REPORTED = ("no loader has reported in {grace:g} s (its loader is not a torch DataLoader, "
-                  "or it was started with --no-patch)")
+                  "or it was started with adloader run --no-substitute)")
 STOPPED_REPORTING = "no loader has reported for over {grace:g} s (its loaders have stopped or exited)"
 """Worded with the grace, not the silence: a reason that changed every step would be a new
 metrics series (adloader_job_info's label) every step."""
