@@ -250,7 +250,13 @@ class Registry:
         now = self._clock()
         for job in self:
             seconds = cpu_seconds.get(job.job_id) if cpu_seconds is not None else None
-            job.unmanaged_reason = unmanaged_reason(job.ranks, now, job.watched_since, self.unmanaged_after_s)
+            reason = unmanaged_reason(job.ranks, now, job.watched_since, self.unmanaged_after_s)
+            if reason != job.unmanaged_reason:
+                if reason is None:
+                    log.info("job %s (%s): a loader reports: managed", job.job_id, job.name)
+                else:
+                    log.info("job %s (%s) is unmanaged: %s", job.job_id, job.name, reason)
+            job.unmanaged_reason = reason
             job.measurement = measure(managed_ranks(job.ranks), now, self.window_s, seconds, job.cpu_samples)
             achieved, cores = job.measurement.rates.achieved, job.measurement.cores_used
             batches = sum(report.batches for report in job.measurement.latest)

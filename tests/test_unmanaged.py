@@ -59,6 +59,7 @@ def test_a_job_that_never_reports_is_unmanaged_after_the_grace_and_its_launcher_
     assert f"! get-batch ({silent_id}): unmanaged: no loader has reported in 1.5 s" in table
     assert f"unmanaged: {FALLBACK}." in table
     assert dict(zip(COLUMNS, _row(table, jobs["managed"].job_id)))["STATE"] == "running"
+    assert controller.log().count(f"job {silent_id} (get-batch) is unmanaged: no loader has reported in 1.5 s") == 1
 
     def warned(job) -> list[str]:
         return [line for line in job.output()[1].splitlines() if "is unmanaged" in line]
