@@ -159,7 +159,11 @@ class PendingQueue:
         if self._tried_at is None or now - self._tried_at >= self.refresh_s:
             self._tried_at = now
             try:
-                self._jobs, self._read_at = self.source.read(), now
+                jobs = self.source.read()
+                if self._jobs is None or [j.name for j in jobs] != [j.name for j in self._jobs]:
+                    log.info("%d job(s) wait for this node's GPUs%s", len(jobs),
+                             ": " + ", ".join(f"{j.name} ({j.gpus} GPUs)" for j in jobs) if jobs else "")
+                self._jobs, self._read_at = jobs, now
                 if self._failing:
                     log.info("the pending queue reads again: %d job(s) waiting", len(self._jobs))
                 self._failing = False
