@@ -1,10 +1,11 @@
 """Predict a job's max throughput (samples/s, no data stalls) from its features.
 
 On the CPU the fitted model is used (trained on the shipped corpus, measured here;
-label: CPU-proxy). GPUs get the physical roofline prior only: each operator class at
-the slower of its FLOP and byte roofline divided by an assumed achieved fraction of
-peak (``GPU_EFFICIENCY``), plus a fixed launch cost per op; no coefficient fitted on
-CPU data is ever applied to a GPU. Data-parallel jobs add a ring all-reduce of the
+label: CPU-proxy). GPUs get the physical roofline prior only (:func:`roofline_prior`): each
+operator class at the slower of its FLOP and byte roofline divided by an assumed achieved
+fraction of peak (``GPU_EFFICIENCY``), plus a launch cost per op; its interval spans a
+Python-bound FP32 loop to a mixed-precision one at peak. No coefficient fitted on CPU data
+is ever applied to a GPU. Data-parallel jobs add a ring all-reduce of the
 gradients over the interconnect: the estimate assumes no overlap with backward, the
 interval's high end assumes full overlap.
 """
@@ -14,7 +15,7 @@ import importlib.util
 import math
 import sys
 import types
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -22,9 +23,12 @@ from throughput_model.devices import Device, lookup, measure_cpu
 from throughput_model.errors import ThroughputModelError, UnknownModel
 from throughput_model.fit import allreduce_seconds, class_terms, load_fitted
 
-GPU_EFFICIENCY = (0.25, 0.5, 1.0)
+GPU_EFFICIENCY = (0.15, 0.5, 1.0)
 """Assumed achieved fraction of the roofline on a GPU: (pessimistic, typical, peak). A prior,
 not a measurement: the node's own job history corrects it (controller.prediction)."""
+GPU_OP_COST = (3.0, 1.0, 0.5)
+"""Multipliers of the per-op launch cost at the (slow, typical, fast) ends: a Python-bound eager loop
+pays several launches' worth of dispatch per op, a CUDA-graphed one less than one."""
 INCOMPLETE_WIDENING = 2.0
 """How much wider the interval is when the features say counting was incomplete."""
 
@@ -100,15 +104,11 @@ def predict(
             notes.append(f"the corpus was profiled at {model.device.threads} thread(s); predicting for "
                          f"{target.threads} scales by the measured peaks only")
     else:
-        terms = class_terms(features, target)
-        roof = sum(t[0] for t in terms.values())
-        launch = sum(t[2] for t in terms.values())
-        pessimistic, typical, peak = GPU_EFFICIENCY
-        compute = roof / typical + launch
-        optimizer = terms["optimizer"]
-        cheapest, dearest = _optimizer_range(features, optimizer[0] / peak + optimizer[2],
-                                             optimizer[0] / pessimistic + optimizer[2])
-        slow, fast = roof / pessimistic + launch + dearest, roof / peak + launch + cheapest
+        compute, slow, fast = roofline_prior(features, target)
+        terms = class_terms(features, target)["optimizer"]
+        cheapest, dearest = _optimizer_range(features, terms[0] / GPU_EFFICIENCY[2] + terms[2] * GPU_OP_COST[2],
+                                             terms[0] / GPU_EFFICIENCY[0] + terms[2] * GPU_OP_COST[0])
+        slow, fast = slow + dearest, fast + cheapest
         basis = "physical roofline prior only (not calibrated on this GPU; no GPU was profiled)"
         calibrated = False
     if features.get("optimizer_low", 1.0) < 1.0 or features.get("optimizer_high", 1.0) > 1.0:
@@ -133,6 +133,23 @@ def predict(
         allreduce_seconds=comm,
         notes=tuple(notes),
     )
+
+
+def roofline_prior(features: Mapping[str, float], device: Device) -> tuple[float, float, float]:
+    """(typical, slow, fast) step seconds of the physical prior on ``device``: each class at the slower
+    of its FLOP and byte roofline over an achieved fraction of peak (:data:`GPU_EFFICIENCY`) plus its
+    ops' launch cost (:data:`GPU_OP_COST`). The fast end also assumes mixed precision, which the
+    parameters' dtype cannot show (autocast; and convolutions run in TF32 by default on Ampere and
+    later): 32-bit work at the 16-bit tensor peak moving half the bytes."""
+    pessimistic, typical, peak = GPU_EFFICIENCY
+    slow_ops, typical_ops, fast_ops = GPU_OP_COST
+    terms = class_terms(features, device).values()
+    roof, launch = sum(t[0] for t in terms), sum(t[2] for t in terms)
+    if features.get("dtype_bytes", 4.0) > 2:
+        device = replace(device, peak_flops=device.peak_flops_16bit, memory_bandwidth=2 * device.memory_bandwidth)
+    fast_roof = sum(t[0] for t in class_terms(features, device).values())
+    return (roof / typical + launch * typical_ops, roof / pessimistic + launch * slow_ops,
+            fast_roof / peak + launch * fast_ops)
 
 
 def _optimizer_range(features: Mapping[str, float], fast_seconds: float, slow_seconds: float) -> tuple[float, float]:
