@@ -115,6 +115,18 @@ def test_a_part_that_fails_or_overruns_is_recorded_and_the_others_still_run(tmp_
     assert json.loads((tmp_path / "summary.json").read_text())["parts"] == summary["parts"]
 
 
+def test_a_part_with_too_little_time_left_is_skipped(tmp_path: Path) -> None:
+    device = EmulatedDevice()
+    calls = {"long": lambda: time.sleep(3) or {"done": True}, "late": lambda: {"ran": True}}
+    try:
+        summary = run_all(device, DRY_RUN, tmp_path, budgets={"long": 20, "late": 20}, progress=lambda line: None,
+                          calls=calls, total_s=12)
+    finally:
+        device.close()
+    assert summary["parts"]["long"]["status"] == "ok"
+    assert summary["parts"]["late"]["status"] == "skipped" and "late" not in summary
+
+
 def test_the_zoo_is_profiled_one_family_after_another() -> None:
     points = [(model, model.batches[0]) for model in ZOO]
     order = interleaved(points)
@@ -123,13 +135,14 @@ def test_the_zoo_is_profiled_one_family_after_another() -> None:
     assert [model.family for model, _ in order[:len(families)]] == families, "every family before any second point"
 
 
+@pytest.mark.slow
 def test_a_node_job_trains_a_real_model_when_told(tmp_path: Path) -> None:
     """``--compute cpu``: the path a GPU machine takes with ``cuda``, the zoo model trained on each batch."""
     from bench.datasets import make_jpeg_cache
 
     dataset = make_jpeg_cache(ROOT / "bench" / "cache", 64, 32)
     timeline = tmp_path / "t.json"
-    spec = JobSpec(name="real", gpus=1, batch_size=8, compute_ms_per_batch=5.0, image_px=64, samples=24, arrival_s=0.0,
+    spec = JobSpec(name="real", gpus=1, batch_size=8, compute_ms_per_batch=5.0, image_px=64, samples=16, arrival_s=0.0,
                    num_workers=1)
     command = job_command(spec, dataset, timeline, compute="cpu")
     assert command[-2:] == ["--compute", "cpu"]
@@ -138,7 +151,7 @@ def test_a_node_job_trains_a_real_model_when_told(tmp_path: Path) -> None:
     done = subprocess.run(job, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(timeline.read_text())
-    assert result["compute"] == "cpu" and result["samples"] == 24 and result["gpu_late_s"] == 0.0
+    assert result["compute"] == "cpu" and result["samples"] == 16 and result["gpu_late_s"] == 0.0
     assert result["cpu_s"] > 0.0
 
 

@@ -6,6 +6,7 @@ Python and torch it finds, and says what that is before anything else.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import platform
 import sys
@@ -44,8 +45,20 @@ def found_line() -> str:
         gpu = f"{torch.cuda.device_count()} GPU(s), device 0: {torch.cuda.get_device_name(0)}"
     else:
         gpu = "no CUDA device visible"
+    missing = missing_modules()
+    lacks = f"; missing: {', '.join(f'{m} ({why})' for m, why in missing.items())}" if missing else ""
     return (f"bench.gpu: python {platform.python_version()} ({sys.executable}), torch {torch.__version__}, "
-            f"built for CUDA {cuda}, {gpu}, {len(os.sched_getaffinity(0))} CPUs")
+            f"built for CUDA {cuda}, {gpu}, {len(os.sched_getaffinity(0))} CPUs{lacks}")
+
+
+NEEDED = {"numpy": "every part", "PIL": "the node benchmark's JPEGs", "scipy": "the node benchmark's policies",
+          "sklearn": "the throughput model's fit", "psutil": "the node benchmark", "cgroupspy": "cgroup v1"}
+"""Modules the parts import beside torch, and what lacks them where one is missing: that part
+fails and says so, the others run."""
+
+
+def missing_modules() -> dict[str, str]:
+    return {name: why for name, why in NEEDED.items() if importlib.util.find_spec(name) is None}
 
 
 def require_torch() -> None:

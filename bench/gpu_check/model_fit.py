@@ -62,7 +62,7 @@ def measure_gpu(name: str) -> Device:
     memory = float(torch.cuda.get_device_properties(0).total_memory)
     del a32, a16, big, copy
     return Device(name, "gpu", flops32, flops16, bandwidth, bandwidth / 10, op, memory, True,
-                  source=f"measured on this GPU ({name}): fp32/bf16 GEMM {n}^3, 1 GiB copy, tiny-op launch")
+                  source=f"measured on this GPU ({name}): fp32/bf16 GEMM {n}^3, 256 MiB copy, tiny-op launch")
 
 
 def devices_for(device: CheckDevice) -> tuple[Device, dict[str, Any]]:

@@ -18,9 +18,13 @@ from typing import Any, Callable, Iterator
 from bench.gpu_check import data_wait, model_fit, node_check, overhead, resize
 from bench.gpu_check.device import CheckDevice
 from bench.gpu_check.environment import describe
-from bench.gpu_check.plan import BUDGETS_S, Sizes
+from bench.gpu_check.plan import BUDGETS_S, TOTAL_BUDGET_S, Sizes
 from bench.node import CACHE_DIR
 from throughput_model.zoo import zoo_model
+
+
+MIN_PART_S = 10.0
+"""A part with less time left than this (or than its budget, if smaller) is skipped: it could not finish."""
 
 
 class PartTimeout(Exception):
@@ -76,9 +80,9 @@ HEADLINES = {"data_wait_error": "data_wait", "reporter_overhead": "overhead"}
 
 def run_all(device: CheckDevice, sizes: Sizes, out: Path, only: list[str] | None = None,
             budgets: dict[str, float] = BUDGETS_S, progress: Callable[[str], None] = print,
-            calls: dict[str, Callable[[], dict]] | None = None) -> dict[str, Any]:
-    """Every part (or ``only`` those), each within its budget; the summary, also in DIR/summary.json.
-    ``calls``: the parts to run instead of :func:`parts` (tests)."""
+            calls: dict[str, Callable[[], dict]] | None = None, total_s: float = TOTAL_BUDGET_S) -> dict[str, Any]:
+    """Every part (or ``only`` those), each within its budget and what is left of ``total_s``; the
+    summary, also in DIR/summary.json. ``calls``: the parts to run instead of :func:`parts` (tests)."""
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     summary: dict[str, Any] = {**describe(device.name, device.emulated), "parts": {}}
@@ -88,11 +92,17 @@ def run_all(device: CheckDevice, sizes: Sizes, out: Path, only: list[str] | None
     for name, call in (calls or parts(device, sizes, progress)).items():
         if only and name not in only:
             continue
-        progress(f"[{time.monotonic() - started:5.0f} s] {name} (budget {budgets[name]:.0f} s)")
+        left = total_s - (time.monotonic() - started)
+        budget = min(budgets[name], left)
+        if left < min(budgets[name], MIN_PART_S):
+            summary["parts"][name] = {"status": "skipped", "error": f"no time left of the {total_s:.0f} s"}
+            progress(f"  {name} skipped: no time left")
+            continue
+        progress(f"[{time.monotonic() - started:5.0f} s] {name} (budget {budget:.0f} s)")
         part_started = time.monotonic()
         status: dict[str, Any] = {"status": "ok"}
         try:
-            with deadline(budgets[name]):
+            with deadline(budget):
                 result = call()
             _write(out / f"{name}.json", result)
             summary[name] = {key: result.get(key) for key in SUMMARY_KEYS.get(name, result)}
