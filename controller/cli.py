@@ -50,7 +50,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="read bandwidth of --read-device to share, bytes/s (default: not managed)")
     parser.add_argument("--read-device", default=None, metavar="MAJ:MIN",
                         help="block device the datasets are read from, e.g. 254:0 (lsblk -o NAME,MAJ:MIN)")
-    parser.add_argument("--memory-reserve", type=_size, default=None, metavar="BYTES",
+    parser.add_argument("--memory-reserve", type=parse_size, default=None, metavar="BYTES",
                         help="node memory no job's DataLoader workers may take, e.g. 4G (default: 5%% of the "
                         "node's memory, at least 1G); workers are also kept within each job's memory cgroup limit")
     parser.add_argument("--training-processes", choices=MODES, default=MODES[0],
@@ -158,7 +158,7 @@ async def _serve(controller: Controller) -> int:
     return 0
 
 
-def _size(text: str) -> int:
+def parse_size(text: str) -> int:
     """Bytes, with an optional K/M/G/T suffix (powers of 1024): "4G", "512M", "1073741824"."""
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
     scale = units.get(text[-1:].upper(), 1)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from adloader import paths
+from controller.cli import parse_size
 
 LEGEND = "ok: ready; warn: works, with less (the fix says how to get it); fail: the controller cannot work as is"
 
@@ -28,8 +29,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="the cgroup job groups go under (the controller's --cgroup-group; default adloader)")
     parser.add_argument("--data", type=Path, default=None, metavar="DIR",
                         help="where the datasets are read from, to find the read device (default: here)")
-    parser.add_argument("--memory-reserve", type=int, default=None, metavar="BYTES",
-                        help="the reserve the controller will keep (default: its default, 5%% of memory, >= 1 GiB)")
+    parser.add_argument("--memory-reserve", type=parse_size, default=None, metavar="BYTES",
+                        help="the reserve the controller will keep, e.g. 4G (default: its default, 5%% of memory, "
+                        "at least 1G)")
     parser.add_argument("--python", default=sys.executable, metavar="PATH",
                         help="the Python whose torch to check (default: this one)")
     parser.add_argument("--cgroup-root", type=Path, default=Path("/sys/fs/cgroup"), help=argparse.SUPPRESS)

@@ -130,6 +130,7 @@ def test_the_memory_reserve_against_what_is_available(tmp_path: Path, available_
     assert (level == OK) == (finding.fix == "")
 
 
+@pytest.mark.slow  # imports torch three times (here and in two probes)
 def test_torch_imports_here_and_cuda_is_judged_against_the_nodes_gpus(tmp_path: Path) -> None:
     import torch
 
