@@ -45,8 +45,8 @@ ensure_torch() {
 
 # The server venv sees the system's packages, not those of a venv that $PY may belong to (venv builds
 # on the base interpreter). When only $PY's environment has torch (a user's venv, its CUDA build), a .pth
-# file puts that environment's site-packages after the server venv's own: its torch is used, not
-# downloaded again. The server then needs that environment: the message says so.
+# file puts that environment's site-packages after the server venv's own: its torch (and any other package
+# there) is used, not downloaded again. The server then needs that environment: the message says so.
 share_torch_of_installer() {
   local venv_python=$1 torch_site server_site
   "$venv_python" -c 'import torch' 2>/dev/null && return 0
@@ -54,8 +54,8 @@ share_torch_of_installer() {
     || return 0
   server_site=$("$venv_python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
   echo "$torch_site" > "$server_site/adloader-installer-torch.pth"
-  echo "install.sh: the server venv uses the torch in $torch_site (the environment of $PY): keep that" \
-       "environment, or install torch for the system's Python and run install.sh --system again"
+  echo "install.sh: the server venv uses the packages in $torch_site, torch among them (the environment of" \
+       "$PY): keep that environment, or install torch for the system's Python and run install.sh --system again"
 }
 
 system_install() {
