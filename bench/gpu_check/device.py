@@ -17,7 +17,8 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from adloader.dataloader.stats import StepEvent, StepEvents
+from adloader.dataloader.stats import CudaEvents, StepEvent, StepEvents
+from bench.gpu_check.environment import GpuCheckError
 
 
 class CheckDevice(Protocol):
@@ -68,7 +69,7 @@ class EmulatedDevice:
     emulated = True
     torch_device = "cpu"
 
-    def __init__(self, clock=time.perf_counter) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self._clock = clock
         self._queue: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="emulated-gpu", daemon=True)
@@ -123,8 +124,6 @@ class CudaDevice:
     MATMUL_N = 4096
 
     def __init__(self) -> None:
-        from adloader.dataloader.stats import CudaEvents
-
         torch.cuda.init()
         self.name = torch.cuda.get_device_name()
         self.events = CudaEvents()
@@ -157,8 +156,6 @@ def open_device(dry_run: bool) -> CheckDevice:
     """The emulated device for a dry run, else the CUDA GPU (``GpuCheckError`` if there is none)."""
     if dry_run:
         return EmulatedDevice()
-    from bench.gpu_check.environment import GpuCheckError
-
     if not torch.cuda.is_available():
         raise GpuCheckError("no CUDA device is visible to torch here; run with --dry-run to check the code on CPU")
     return CudaDevice()

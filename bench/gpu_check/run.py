@@ -27,8 +27,9 @@ MIN_PART_S = 10.0
 """A part with less time left than this (or than its budget, if smaller) is skipped: it could not finish."""
 
 
-class PartTimeout(Exception):
-    """A part ran past its budget."""
+class PartTimeout(BaseException):
+    """A part ran past its budget. Not an ``Exception``: code that catches every error to keep
+    going (a reporter, a cleanup) must not swallow the stop."""
 
 
 @contextmanager
@@ -106,7 +107,7 @@ def run_all(device: CheckDevice, sizes: Sizes, out: Path, only: list[str] | None
                 result = call()
             _write(out / f"{name}.json", result)
             summary[name] = {key: result.get(key) for key in SUMMARY_KEYS.get(name, result)}
-        except Exception as exc:  # noqa: BLE001 - see the module docstring
+        except (Exception, PartTimeout) as exc:  # noqa: BLE001 - see the module docstring
             status = {"status": "timeout" if isinstance(exc, PartTimeout) else "error",
                       "error": f"{type(exc).__name__}: {exc}"[:500]}
             (out / f"{name}.error.txt").write_text(traceback.format_exc())
