@@ -101,3 +101,17 @@ def statistics_floor(times: list) -> float:
 def _in(cluster: SlurmCluster):  # type: ignore[no-untyped-def]
     """Commands run against the test's cluster (its SLURM_CONF)."""
     return lambda argv: subprocess.run(list(argv), env=cluster.environ, capture_output=True, text=True, timeout=30)
+
+
+def test_the_slurm_benchmark_compares_policies_on_slurms_times() -> None:
+    """bench/slurm_queue.py's summary: each policy's mean JCT per repeat, their median, and
+    jct against adaptive (its runs under Slurm: ``python -m bench.slurm_queue --test-cluster``)."""
+    from bench.slurm_queue import summary
+
+    def times(jct: float) -> list:
+        return parse_sacct(f"1|a|2026-11-28T05:00:00|2026-11-28T05:00:02|2026-11-28T05:00:{jct:02.0f}|COMPLETED\n"
+                           f"2|b|2026-11-28T05:00:00|2026-11-28T05:00:04|2026-11-28T05:00:{jct + 2:02.0f}|COMPLETED")
+    document = summary({"adaptive": [times(20), times(30)], "jct": [times(16), times(18)]}, "sacct")
+    assert document["policies"]["adaptive"]["mean_jct_s"] == [21.0, 31.0]
+    assert document["policies"]["jct"]["mean_wait_s"] == [3.0, 3.0]
+    assert document["jct_mean_jct_vs_adaptive"] == pytest.approx(18.0 / 26.0)
