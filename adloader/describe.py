@@ -15,6 +15,13 @@ from adloader import env, reporter
 
 log = logging.getLogger(__name__)
 
+_called = False
+
+
+def was_called() -> bool:
+    """Whether this process described its model itself (``adloader.autodescribe`` then stays out)."""
+    return _called
+
 
 def describe_model(
     model: Any,
@@ -31,6 +38,8 @@ def describe_model(
     defaults to the job's ``WORLD_SIZE`` and sets the all-reduce volume."""
     from throughput_model.features import describe
 
+    global _called
+    _called = True
     description = describe(model, example_batch, loss_fn=loss_fn, optimizer=optimizer,
                            gpus=gpus if gpus is not None else env.world_size())
     for note in description.notes:

@@ -13,6 +13,7 @@ from what was counted (backward = 2x forward; optimizer from the parameter bytes
 """
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -108,7 +109,7 @@ def describe(
     if plan.note is not None:
         say_once(f"describe_model: {plan.note}")
     opt = _build_optimizer(plan, meta_by_id, trainable, notes)
-    step = opt.step if opt is not None else None
+    step = _hook_free_step(opt) if opt is not None else None
 
     def forward() -> torch.Tensor:
         args, kwargs = _call_arguments(batch)
@@ -203,6 +204,13 @@ def _build_optimizer(plan: OptimizerPlan, meta_by_id: dict[int, torch.Tensor], t
         notes.append(f"optimizer {plan.label} could not be built on the meta device ({type(exc).__name__}: {exc}); "
                      "its step is estimated from the parameter sizes")
         return None
+
+
+def _hook_free_step(optimizer: torch.optim.Optimizer) -> Callable[[], Any]:
+    """The meta optimizer's step without torch's step hooks: the job's global optimizer hooks (a step
+    counter, ``adloader.autodescribe``) must not see the steps this count replays."""
+    step = getattr(type(optimizer).step, "__wrapped__", None)  # Optimizer.profile_hook_step keeps the original
+    return functools.partial(step, optimizer) if callable(step) else optimizer.step
 
 
 def _estimate_optimizer(tally: StepTally, trainable: list[torch.Tensor], plan: OptimizerPlan) -> None:

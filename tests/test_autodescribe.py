@@ -1,0 +1,150 @@
+"""A job that never calls describe_model is described at its first optimizer step, from the
+module it trains and the batch it called it with; otherwise it is measured only. Real torch
+training loops, a real single-process DDP; the training itself is unchanged."""
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.modules import module as nn_module
+
+import adloader.describe
+from adloader import autodescribe, describe_model
+from throughput_model.features import describe
+
+pytestmark = pytest.mark.pure
+
+
+@pytest.fixture
+def describer(monkeypatch):
+    monkeypatch.setattr(adloader.describe, "_called", False)
+    announced: list[dict[str, float]] = []
+    installed = autodescribe.install(announce=announced.append, world_size=lambda: 1)
+    installed.announced = announced
+    yield installed
+    autodescribe.uninstall()
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+
+
+def _train(model: nn.Module, optimizer: torch.optim.Optimizer, batch: torch.Tensor, steps: int = 2,
+           call=lambda model, batch: model(batch)) -> None:
+    loss_fn = nn.CrossEntropyLoss()  # a top-level module call with no parameters
+    for _ in range(steps):
+        optimizer.zero_grad()
+        loss_fn(call(model, batch), torch.zeros(batch.shape[0], dtype=torch.long)).backward()
+        optimizer.step()
+
+
+def test_a_plain_loop_is_described_at_its_first_step_then_runs_hook_free(describer) -> None:
+    model, batch = _model(), torch.randn(8, 32)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    _train(model, optimizer, batch)
+    assert describer.done.is_set() and describer.measured_only is None
+    expected = describe(model, batch, optimizer=optimizer).features
+    assert describer.announced == [expected] and describer.features == expected
+    assert expected["optimizer_low"] == expected["optimizer_high"] == 1.0  # the optimizer the job uses
+    ours = {describer._before_forward, describer._after_forward}
+    assert not ours & (set(nn_module._global_forward_hooks.values()) | set(nn_module._global_forward_pre_hooks.values()))
+
+
+def test_another_global_step_hook_keeps_working(describer) -> None:
+    """torch iterates the global step hooks while calling ours: ours must not remove itself there."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    seen: list[int] = []
+    other = register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: seen.append(1))
+    try:
+        model, batch = _model(), torch.randn(8, 32)
+        _train(model, torch.optim.SGD(model.parameters(), lr=0.1), batch, steps=3)
+    finally:
+        other.remove()
+    assert describer.features is not None and seen == [1, 1, 1]
+
+
+def test_a_forward_inside_the_step_closure_is_described_at_the_next_step(describer) -> None:
+    """Lightning's automatic optimization: optimizer.step(closure) runs forward and backward inside."""
+    model, batch = _model(), torch.randn(8, 32)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss_fn = nn.CrossEntropyLoss()
+
+    def closure() -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = loss_fn(model(batch), torch.zeros(8, dtype=torch.long))
+        loss.backward()
+        return loss
+
+    for _ in range(2):
+        optimizer.step(closure)
+    assert describer.features == describe(model, batch, optimizer=optimizer).features
+
+
+def test_training_is_unchanged_by_the_description(describer) -> None:
+    batch = torch.randn(8, 32)
+    watched = _model()
+    _train(watched, torch.optim.AdamW(watched.parameters()), batch, steps=3)
+    autodescribe.uninstall()
+    plain = _model()
+    _train(plain, torch.optim.AdamW(plain.parameters()), batch, steps=3)
+    for a, b in zip(watched.parameters(), plain.parameters()):
+        assert torch.equal(a, b) and a.device.type == "cpu"
+
+
+class _Keywords(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = _model()
+
+    def forward(self, input_ids: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+        return self.body(input_ids) * scale
+
+
+def test_a_model_called_with_keywords_as_hugging_face_does(describer) -> None:
+    model, batch = _Keywords(), torch.randn(4, 32)
+    optimizer = torch.optim.AdamW(model.parameters())
+    _train(model, optimizer, batch, call=lambda m, b: m(input_ids=b, scale=2.0))
+    assert describer.features == describe(model, {"input_ids": batch, "scale": 2.0}, optimizer=optimizer).features
+
+
+def test_a_ddp_wrapped_model_is_described_through_its_wrapper(describer, tmp_path) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        inner, batch = _model(), torch.randn(8, 32)
+        wrapped = nn.parallel.DistributedDataParallel(inner)
+        optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+        _train(wrapped, optimizer, batch)
+    finally:
+        dist.destroy_process_group()
+    assert describer.features == describe(inner, batch, optimizer=optimizer).features
+
+
+def test_a_functional_model_is_measured_only_and_says_so_once(describer, caplog) -> None:
+    weight = torch.randn(4, 32, requires_grad=True)
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    with caplog.at_level(logging.WARNING, logger="adloader.autodescribe"):
+        _train(nn.Identity(), optimizer, torch.randn(8, 32), steps=3,
+               call=lambda model, batch: model(torch.nn.functional.linear(batch, weight)))
+    assert describer.features is None and describer.announced == []
+    assert "holds the optimizer's parameters" in describer.measured_only
+    said = [r.getMessage() for r in caplog.records if "measured only" in r.getMessage()]
+    assert len(said) == 1
+
+
+def test_a_job_that_described_itself_is_left_alone(describer) -> None:
+    model, batch = _model(), torch.randn(8, 32)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    describe_model(model, batch, optimizer=optimizer, gpus=1)
+    _train(model, optimizer, batch)
+    assert describer.done.is_set() and describer.features is None and describer.measured_only is None
+    assert describer.announced == []
+
+
+def test_install_is_once_per_process(describer) -> None:
+    assert autodescribe.install() is describer
