@@ -61,6 +61,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="watch the jobs waiting for this node's GPUs, for the jct policy: 'slurm' (squeue, "
                         "the partitions this node is in), 'slurm:PART,...', or a JSON file kept by another program "
                         "(controller/pending_queue.py); default: none watched")
+    parser.add_argument("--without", default=None, metavar="RULE[,RULE]",
+                        help="for an ablation only: turn these rules of adaptive (and jct) off, and the safety net "
+                        "with 'safety_net' (python -m bench.ablation; the names: controller/policies/rules.py)")
     parser.add_argument("--unmanaged-after", type=float, default=60.0, metavar="SECONDS",
                         help="a job none of whose loaders has reported this long after it registered is shown "
                         "unmanaged, with the reason, and its launcher warns in the job's output (default 60)")
@@ -110,6 +113,7 @@ def _build(args: argparse.Namespace) -> Controller:
     from controller.backends.cgroupfs import parse_device
     from adloader.cpuspec import online_subset
     from controller.daemon import Controller, ControllerConfig
+    from controller.policies.rules import parse_without
 
     if (args.read_bps is None) != (args.read_device is None):
         raise ConfigError("--read-bps and --read-device go together: give both to share read bandwidth, or neither")
@@ -136,7 +140,10 @@ def _build(args: argparse.Namespace) -> Controller:
         training_processes=args.training_processes,
         unmanaged_after_s=args.unmanaged_after,
         pending=args.pending,
+        rules=parse_without(args.without),
     )
+    if config.rules.off:
+        log.warning("ablation: adaptive runs without %s", ", ".join(config.rules.off))
     if args.no_history:
         return Controller(config)
     from controller.node_memory import NodeMemory, detect_device

@@ -37,7 +37,7 @@ from controller.training_processes import TrainingProcesses
 from controller.worker_memory import WorkerMemory
 from controller.peer import peer_belongs_to_job
 from controller.pending_queue import PendingQueue, queue_source
-from controller.policies import JobAllocation, NodeResources, PolicyError, make_policy, policy_names
+from controller.policies import AdaptiveRules, JobAllocation, NodeResources, PolicyError, make_policy, policy_names
 from controller.priors import JobFinishedHook, Predictor, Recall
 from controller.registry import Job, Registry
 from controller.safety_net import SafetyNet
@@ -94,6 +94,8 @@ class ControllerConfig:
     pending: str | None = None
     """Where the jobs waiting for this node's GPUs are read (controller/pending_queue.py: "slurm",
     "slurm:PART,...", or a JSON file); None: no queue is watched."""
+    rules: AdaptiveRules = AdaptiveRules()
+    """Which of ``adaptive``'s rules are on (all; ``--without`` turns some off for an ablation)."""
 
 
 class Controller:
@@ -123,8 +125,9 @@ class Controller:
         self.cpu_wait = CpuWait(proc=config.proc, clock=clock)
         self._memory_reads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="adloader-worker-memory")
         self.loop = ControlLoop(
-            self.backend, self.node, make_policy(config.policy or default_policy()),
-            change_clock=ChangeClock(clock=clock), safety_net=SafetyNet(clock=clock, window_s=config.window_s),
+            self.backend, self.node, make_policy(config.policy or default_policy(), config.rules),
+            change_clock=ChangeClock(clock=clock),
+            safety_net=SafetyNet(clock=clock, window_s=config.window_s, enabled=config.rules.safety_net),
             worker_memory=WorkerMemory(config.memory_reserve, proc=config.proc, cgroup_root=config.cgroup_root,
                                        ceiling_per_rank=self.node.max_workers_per_job, executor=self._memory_reads,
                                        clock=clock),
@@ -263,7 +266,7 @@ class Controller:
 
     def _restore_saved_policy(self, name: str) -> None:
         try:
-            self.loop.policy = make_policy(name)
+            self.loop.policy = make_policy(name, self.config.rules)
         except PolicyError as exc:
             log.warning("the saved policy cannot be used (%s); keeping %s", exc, self.loop.policy.name)
 
@@ -420,7 +423,7 @@ class Controller:
         if not connection.peer.is_root:
             raise RequestRefused("forbidden", "only root may change the node's policy")
         try:
-            policy = make_policy(message.policy)
+            policy = make_policy(message.policy, self.config.rules)
         except PolicyError as exc:
             raise RequestRefused("bad_policy", str(exc)) from None
         previous, self.loop.policy = self.loop.policy, policy

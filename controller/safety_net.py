@@ -102,10 +102,13 @@ class SafetyNet:
         window_s: float = 5.0,
         noise_z: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
+        enabled: bool = True,
     ) -> None:
         """``settle_s``: wait this long after a change (the registry's measurement window and
         a step) before judging; ``judge_s``: stop watching this long after it; ``window_s``:
-        the registry's measurement window, over which a job's batches are counted."""
+        the registry's measurement window, over which a job's batches are counted; ``enabled``
+        False: review every plan as wanted (the ablation's ``--without safety_net``)."""
+        self.enabled = enabled
         self.drop = drop
         self.window_s = window_s
         self.noise_z = noise_z
@@ -128,6 +131,8 @@ class SafetyNet:
         adoption or policy change since the last step). ``node``: the resources shared, for
         the rate each cut job's model predicts under ``wanted`` (None: judged against its rate
         before only)."""
+        if not self.enabled:
+            return dict(wanted), []
         now = self._clock()
         live = {view.job_id for view in views}
         self._forget(live, now)

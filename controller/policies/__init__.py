@@ -14,6 +14,7 @@ from controller.policies.base import (
     PolicyError,
     workers_for_cores,
 )
+from controller.policies.rules import AdaptiveRules
 
 # name -> "module:Class"; imported on use so the controller starts without scipy when it can.
 _REGISTRY: dict[str, str] = {
@@ -30,16 +31,22 @@ def policy_names() -> list[str]:
     return list(_REGISTRY)
 
 
-def make_policy(name: str) -> Policy:
-    """Build the policy called ``name``; PolicyError names the valid ones otherwise."""
+def make_policy(name: str, rules: AdaptiveRules | None = None) -> Policy:
+    """Build the policy called ``name``; PolicyError names the valid ones otherwise. ``rules``:
+    which of ``adaptive``'s rules are on, for the policies built on it (an ablation; default all)."""
     target = _REGISTRY.get(name)
     if target is None:
         raise PolicyError(f"unknown policy {name!r}; choose one of {', '.join(_REGISTRY)}")
     module_name, class_name = target.split(":")
-    return getattr(importlib.import_module(module_name), class_name)()
+    policy_class = getattr(importlib.import_module(module_name), class_name)
+    if rules is None or rules == AdaptiveRules():
+        return policy_class()
+    from controller.policies.adaptive import AdaptivePolicy
+
+    return policy_class(rules=rules) if issubclass(policy_class, AdaptivePolicy) else policy_class()
 
 
 __all__ = [
-    "Allocation", "JobAllocation", "JobView", "NodeResources", "Policy", "PolicyError",
+    "AdaptiveRules", "Allocation", "JobAllocation", "JobView", "NodeResources", "Policy", "PolicyError",
     "make_policy", "policy_names", "workers_for_cores",
 ]

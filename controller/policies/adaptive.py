@@ -59,6 +59,7 @@ from controller.policies.base import Allocation, JobAllocation, JobView, NodeRes
 from controller.policies.completion import weighted_completion_s
 from controller.policies.outgrown import followed, outgrowth
 from controller.policies.ranks import at_node_rate, ranks_behind, run_lengths, unknown_as_longest
+from controller.policies.rules import AdaptiveRules
 from controller.policies.worth import alike_curves, counted_batches, pool_equal_worth, young_curve
 from controller.policies.shares import (
     SATISFIED,
@@ -70,6 +71,7 @@ from controller.policies.shares import (
     idle_reader_workers,
     managed_bandwidth,
     measured_model,
+    model_of,
     predicted_busy,
     predicted_objective,
     reserve_of,
@@ -116,7 +118,10 @@ class AdaptivePolicy:
         settle_s: float = 10.0,
         urgent_gain: float = 0.3,
         first_plan_gain: float = 0.02,
+        rules: AdaptiveRules = AdaptiveRules(),
     ) -> None:
+        self.rules = rules
+        """Which rules around the program are on (all, but in an ablation: controller/policies/rules.py)."""
         self.gain_threshold = gain_threshold
         self.first_plan_gain = first_plan_gain
         self.min_change_interval_s = min_change_interval_s
@@ -147,9 +152,13 @@ class AdaptivePolicy:
         measured curves are noisy: jobs are pooled by their worth up to that noise, and the
         exact factor then orders them."""
         gpus = {job.job_id: float(max(1, job.gpus)) for job in jobs if job.job_id in models}
-        curves, alike = alike_curves({job_id: models[job_id] for job_id in gpus}, gpus, counted_batches(jobs),
-                                     widest=FINISH_FACTOR)
-        lengths = at_node_rate(node, jobs, curves, run_lengths(jobs, models), alike)
+        if not self.rules.finishing_order:
+            return gpus, dict.fromkeys(gpus, 1.0)
+        lengths = run_lengths(jobs, models)
+        if self.rules.ranks_at_node_rate:
+            curves, alike = alike_curves({job_id: models[job_id] for job_id in gpus}, gpus, counted_batches(jobs),
+                                         widest=FINISH_FACTOR)
+            lengths = at_node_rate(node, jobs, curves, lengths, alike)
         if not lengths:
             return gpus, dict.fromkeys(gpus, 1.0)
         per_gpu = {job_id: length / gpus[job_id] for job_id, length in unknown_as_longest(lengths, gpus).items()}
@@ -160,20 +169,23 @@ class AdaptivePolicy:
         if not jobs:
             return {}
         jobs = sorted(jobs, key=lambda j: j.job_id)
+        model_from = measured_model if self.rules.curve_only else model_of
         measured, outgrown = self._followed(
-            {job.job_id: model for job in jobs if not job.unmanaged and (model := measured_model(job)) is not None},
+            {job.job_id: model for job in jobs if not job.unmanaged and (model := model_from(job)) is not None},
             jobs)
         worth, order = self.weighing(node, jobs, measured)
         weights = _times(worth, order)
-        models, equals = pool_equal_worth(measured, worth, weights, counted_batches(jobs), widest=FINISH_FACTOR)
+        models, equals = pool_equal_worth(measured, worth, weights, counted_batches(jobs), widest=FINISH_FACTOR) \
+            if self.rules.equal_worth else (measured, [])
         target = self._target(node, jobs, models, weights, equals)
         if self._keep_current(node, jobs, models, weights, target, equals, outgrown):
             return self._kept(node, jobs, models, target, outgrown)
         self._held_back = ()
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s: models behind the new allocation: %s", self.name, _planned(jobs, models, weights, target))
-        target = _workers_kept_beside_newcomers(node, jobs, models, target, self.workers_per_core)
-        target, cut = _without_idle_workers(node, jobs, target)
+        if self.rules.kept_beside_newcomers:
+            target = _workers_kept_beside_newcomers(node, jobs, models, target, self.workers_per_core)
+        target, cut = self._without_idle_workers(node, jobs, target)
         self._log_cuts(cut, target, KEEPS_UP)
         return target
 
@@ -187,7 +199,7 @@ class AdaptivePolicy:
     ) -> Allocation:
         """The plan: the program's cores and bandwidth for the modelled jobs (``equals``, the
         groups planned as worth the same, kept equally busy), an even placeholder for the rest."""
-        budget = contended_bandwidth(node, jobs, models)
+        budget = contended_bandwidth(node, jobs, models) if self.rules.contended_reads else managed_bandwidth(node)
         manage_io = budget is not None
         bandwidth = budget or 0.0
         n = len(jobs)
@@ -216,9 +228,10 @@ class AdaptivePolicy:
         if manage_io:
             read_bps = spread(bandwidth, {**reserved_io, **solution.read_bps}, floor=io_floor)
         reads_exhausted = manage_io and sum(solution.read_bps.values()) >= free_io * (1 - 1e-6)
+        held_by_reads = self.rules.bandwidth_bound and reads_exhausted
         satisfied = frozenset(
             job_id for job_id, busy in solution.busy.items()
-            if busy >= SATISFIED or (reads_exhausted and _bandwidth_bound(models[job_id], busy, solution.read_bps[job_id]))
+            if busy >= SATISFIED or (held_by_reads and _bandwidth_bound(models[job_id], busy, solution.read_bps[job_id]))
         )
         return allocations(
             node, jobs, {**reserved_cores, **solution.cores}, read_bps, satisfied, workers_follow_reads(node, models),
@@ -234,9 +247,11 @@ class AdaptivePolicy:
         fewer workers the plan sizes from their reads (:func:`_readers_sized_by_plan`)."""
         kept = {job.job_id: job.current for job in jobs}
         idle_cores = node.cores - sum(job.cores_used or 0.0 for job in jobs)
-        raised, grown = _with_planned_workers(jobs, kept, target, outgrown, idle_cores)
-        shed, cut = _without_idle_workers(node, jobs, raised)
-        shed, sized = _readers_sized_by_plan(node, jobs, models, shed, target) if _plan_anew(jobs) else (shed, ())
+        raised, grown = _with_planned_workers(jobs, kept, target, outgrown, idle_cores) \
+            if self.rules.outgrown_workers else (kept, ())
+        shed, cut = self._without_idle_workers(node, jobs, raised)
+        shed, sized = _readers_sized_by_plan(node, jobs, models, shed, target) \
+            if self.rules.readers_sized_by_plan and _plan_anew(jobs) else (shed, ())
         if not (grown or cut or sized) or self._too_soon(jobs, shed, outgrown):
             return kept
         for job in grown:
@@ -247,6 +262,11 @@ class AdaptivePolicy:
         self._log_cuts(cut, shed, KEEPS_UP)
         self._log_cuts(sized, shed, SIZED_BY_HELD_PLAN)
         return shed
+
+    def _without_idle_workers(self, node: NodeResources, jobs: Sequence[JobView], allocation: Allocation
+                              ) -> tuple[Allocation, tuple[JobView, ...]]:
+        """:func:`_without_idle_workers` where that rule is on; else ``allocation`` and no job cut."""
+        return _without_idle_workers(node, jobs, allocation) if self.rules.idle_workers else (allocation, ())
 
     def _log_cuts(self, cut: Sequence[JobView], allocation: Allocation, why: str) -> None:
         """Log once, at INFO, each reader whose workers ``allocation`` cuts below what it holds, and ``why``."""
@@ -280,9 +300,10 @@ class AdaptivePolicy:
             return False  # reads became contended (throttles go on) or stopped being (they come off)
         now, gain = _predicted_gain(node, jobs, models, weights, current, target)
         anew = _plan_anew(jobs)
-        threshold = self.first_plan_gain if anew else self.gain_threshold
+        threshold = 0.0 if not self.rules.hysteresis else \
+            self.first_plan_gain if anew and self.rules.first_plan_bar else self.gain_threshold
         small_gain = gain <= now * threshold + 1e-9
-        if small_gain and anew:
+        if small_gain and anew and self.rules.newcomers_within_noise:
             if within_noise := _newcomers_satisfied_within_noise(node, jobs, models, weights, current, target,
                                                                   threshold):
                 log.info("%s: makes the first plan of %s though it gains only %+.1f%% of predicted rate: the "
@@ -290,7 +311,7 @@ class AdaptivePolicy:
                          ", ".join(within_noise), 100 * gain / max(now, 1e-12),
                          *(("them", "each one's") if len(within_noise) > 1 else ("it", "its")))
                 small_gain = False
-        evens = _evens_outgrown(node, jobs, models, current, target, equals, outgrown)
+        evens = self.rules.evens_outgrown and _evens_outgrown(node, jobs, models, current, target, equals, outgrown)
         if small_gain and not evens:
             if anew:
                 log.debug("%s: keeps the current allocation at a first plan or departure: the plan gains %+.1f%% "
@@ -320,7 +341,7 @@ class AdaptivePolicy:
         departure). False when a job's model was just learned (what it holds is a placeholder)
         or a job's remaining samples are not known. Runs only where a plan passed the gain
         thresholds, so the busy fractions are predicted here, apart from the objective's."""
-        if any(job.newly_modelled for job in jobs):
+        if not self.rules.completion_check or any(job.newly_modelled for job in jobs):
             return False
         before = predicted_busy(node, jobs, models, current)
         after = predicted_busy(node, jobs, models, target)
@@ -350,6 +371,8 @@ class AdaptivePolicy:
                   ) -> tuple[dict[str, JobModel], frozenset[str]]:
         """Each model, made dearer where its job has outgrown it (controller/policies/outgrown.py),
         and the jobs that have; logs each job newly seen outgrowing its model once at INFO."""
+        if not self.rules.outgrown_models:
+            return dict(models), frozenset()
         result: dict[str, JobModel] = {}
         for job in jobs:
             if (model := models.get(job.job_id)) is None:
@@ -370,6 +393,8 @@ class AdaptivePolicy:
         first reports after the settle time (a slow start: 10 s for one of jct_lengths' jobs)
         gets its first plan, and the others make room for it, on the usual threshold, not
         only on an urgent gain."""
+        if not self.rules.once_a_minute:
+            return False
         if any(job.since_event_s is None or job.since_event_s < self.settle_s or young_curve(job) for job in jobs):
             return False
         if outgrown:
