@@ -122,3 +122,18 @@ def test_jct_cuts_mean_completion_time_where_jobs_queue_and_is_adaptive_where_no
     assert queued["vs_adaptive"]["jct"]["mean_jct_s"] < 0.95
     lengths = mix_figures(load_mix(MIXES_DIR / "jct_lengths.json").scaled(0.25), ["adaptive", "jct"], seeds=1)
     assert lengths["policies"]["jct"] == lengths["policies"]["adaptive"]
+
+
+def test_jct_is_judged_on_completion_time_where_jobs_queue_and_on_gpu_busy_everywhere() -> None:
+    from bench.node import goals
+
+    def document(mix: dict, jct: tuple[float, float, float]) -> dict:
+        entry = lambda busy, makespan, mean_jct: {"gpu_busy": busy, "makespan_s": makespan, "mean_jct_s": mean_jct,
+                                                 "settle_s": 1.0}
+        return {"mix": mix, "ratios": {}, "policies": {"adaptive": entry(0.5, 100.0, 50.0), "jct": entry(*jct)}}
+
+    queued = goals(document({"gpus": 4, "jobs": [job("a")]}, (0.49, 102.0, 40.0)))
+    assert {name: goal["met"] for name, goal in queued.items() if name.startswith("jct")} == {
+        "jct_mean_jct_vs_adaptive": True, "jct_vs_adaptive_gpu_busy": True, "jct_vs_adaptive_makespan": True}
+    free = goals(document({"jobs": [job("a")]}, (0.48, 100.0, 40.0)))
+    assert "jct_mean_jct_vs_adaptive" not in free and not free["jct_vs_adaptive_gpu_busy"]["met"]
