@@ -119,6 +119,10 @@ def render_table(snapshot: NodeSnapshot, now: float) -> str:
         lines.append("(no jobs: start one with 'adloader run -- CMD')")
     if any(job.max_sps_measured is None and job.max_sps_predicted is not None for job in snapshot.jobs):
         lines.append("~ predicted max samples/s (not measured yet)")
+    if any(job.max_sps_measured is None and job.max_sps_predicted is None and job.state != "unmanaged"
+           for job in snapshot.jobs):
+        lines.append("- max samples/s: measured only (no model description to predict it from; "
+                     "adloader.describe_model gives one); shown once the job's first steps measure it")
     if shares:
         lines.append("~ cores: what the job's CPU weight gives it when every job wants CPU (it may use more "
                      "while others idle)")

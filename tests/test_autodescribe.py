@@ -148,3 +148,18 @@ def test_a_job_that_described_itself_is_left_alone(describer) -> None:
 
 def test_install_is_once_per_process(describer) -> None:
     assert autodescribe.install() is describer
+
+
+def test_status_says_a_job_without_a_description_is_measured_only() -> None:
+    from adloader.protocol import JobSnapshot, NodeSnapshot
+    from adloader.status import render_table
+
+    def node(**values: object) -> NodeSnapshot:
+        job = JobSnapshot(job_id="j-1", name="train.py", uid=0, gpus=1, state="running", launcher_pid=1, pids=(1,),
+                          cgroup="/x", registered_at=0.0, **values)
+        return NodeSnapshot(version="0", policy="adaptive", backend="affinity", started_at=0.0, period_s=1.0,
+                            cpus=(0, 1), read_bps=None, read_device=None, jobs=(job,), connected_clients=1)
+
+    assert "measured only" in render_table(node(), now=1.0)
+    assert "measured only" not in render_table(node(max_sps_predicted=90.0), now=1.0)
+    assert "measured only" not in render_table(node(max_sps_measured=80.0), now=1.0)
