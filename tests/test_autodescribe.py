@@ -4,7 +4,6 @@ training loops, a real single-process DDP; the training itself is unchanged."""
 from __future__ import annotations
 
 import logging
-import os
 
 import pytest
 import torch
@@ -52,7 +51,8 @@ def test_a_plain_loop_is_described_at_its_first_step_then_runs_hook_free(describ
     assert describer.announced == [expected] and describer.features == expected
     assert expected["optimizer_low"] == expected["optimizer_high"] == 1.0  # the optimizer the job uses
     ours = {describer._before_forward, describer._after_forward}
-    assert not ours & (set(nn_module._global_forward_hooks.values()) | set(nn_module._global_forward_pre_hooks.values()))
+    hooked = set(nn_module._global_forward_hooks.values()) | set(nn_module._global_forward_pre_hooks.values())
+    assert not ours & hooked
 
 
 def test_another_global_step_hook_keeps_working(describer) -> None:

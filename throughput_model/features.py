@@ -90,9 +90,9 @@ def describe(
     job trains with (its param groups and options are counted), a factory ``params -> Optimizer``, a
     name ("sgd": momentum 0.9, "sgd-plain": none, what sparse embedding gradients train with, "adam",
     "adamw", "none", or any ``torch.optim`` class name), or None: AdamW is counted, said once, and the
-    interval covers the optimizers it could be (:mod:`throughput_model.optimizers`). Call it before training starts, not while
-    another thread trains the same model: the parameters are swapped for meta tensors during
-    the call.
+    interval covers the optimizers it could be (:mod:`throughput_model.optimizers`). Call it
+    before training starts, not while another thread trains the same model: the parameters are
+    swapped for meta tensors during the call.
     """
     started = time.perf_counter()
     notes: list[str] = []

@@ -162,7 +162,8 @@ def _from_instance(optimizer: torch.optim.Optimizer) -> OptimizerPlan:
     if base is not None:
         return OptimizerPlan(label, _rebuild(optimizer, base), _family_of_name(base.__name__), SUBCLASS_RANGE,
                              note=f"optimizer {label} is not one of torch's: counted as its base {base.__name__}, "
-                                  f"interval widened x{SUBCLASS_RANGE[0]:g}..x{SUBCLASS_RANGE[1]:g} on the optimizer step")
+                                  f"interval widened x{SUBCLASS_RANGE[0]:g}..x{SUBCLASS_RANGE[1]:g} "
+                                  "on the optimizer step")
     states = state_tensors_per_param(optimizer)
     if states is not None:
         return OptimizerPlan(label, None, ASSUMED, STATE_RANGE, state_tensors=states,
@@ -173,7 +174,8 @@ def _from_instance(optimizer: torch.optim.Optimizer) -> OptimizerPlan:
                               f"interval x{UNKNOWN_RANGE[0]:g}..x{UNKNOWN_RANGE[1]:g} on the optimizer step")
 
 
-def _rebuild(optimizer: torch.optim.Optimizer, cls: type[torch.optim.Optimizer]) -> Callable[..., torch.optim.Optimizer]:
+def _rebuild(optimizer: torch.optim.Optimizer,
+             cls: type[torch.optim.Optimizer]) -> Callable[..., torch.optim.Optimizer]:
     """A builder of ``cls`` over the meta twins of ``optimizer``'s param groups, with each group's options
     (only those ``cls`` accepts; ``fused`` replaced by the single-tensor form, which meta tensors can run)."""
     accepted = set(inspect.signature(cls.__init__).parameters) - {"self", "params"}
@@ -187,7 +189,8 @@ def _rebuild(optimizer: torch.optim.Optimizer, cls: type[torch.optim.Optimizer])
     def build(meta_by_id: Mapping[int, torch.Tensor], _trainable: list[torch.Tensor]) -> torch.optim.Optimizer:
         groups = []
         for group in optimizer.param_groups:
-            params = [meta_by_id[id(p)] for p in group["params"] if id(p) in meta_by_id and meta_by_id[id(p)].requires_grad]
+            params = [meta_by_id[id(p)] for p in group["params"]
+                      if id(p) in meta_by_id and meta_by_id[id(p)].requires_grad]
             if params:
                 groups.append({"params": params, **options(group)})
         if not groups:

@@ -111,9 +111,9 @@ def transformers_module() -> Any:
 
 def candidates(families: tuple[str, ...] | None = None) -> list[Candidate]:
     """Every candidate in rule order (steps 1 and 2 of the module docstring)."""
+    transformers_module()
     from transformers.models.auto import modeling_auto
 
-    transformers_module()
     taken: set[str] = set()
     ordered: list[Candidate] = []
     for family, mapping_name in FAMILIES:
@@ -249,8 +249,9 @@ def run(per_family: int = PER_FAMILY, families: tuple[str, ...] | None = None, m
                 model, batch = build(candidate)
                 measured = measure(model, batch, steps, warmup)
             except Exception as exc:  # the rule: a candidate that does not build or train is not taken
+                first_line = str(exc).splitlines()[0][:200] if str(exc) else ""
                 skipped.append({"family": candidate.family, "model_type": candidate.model_type,
-                                "reason": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"})
+                                "reason": f"{type(exc).__name__}: {first_line}"})
                 continue
             description = describe(model, batch, loss_fn=logits_loss, optimizer=measured.pop("optimizer"))
             calibrations.append(_calibration(calibrate, threads))
@@ -300,7 +301,8 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     def stats(chosen: list[dict[str, Any]]) -> dict[str, Any]:
         errors = [r["error"] if r["error"] is not None else -1.0 for r in chosen]
         absolute = np.abs(errors)
-        return {"n": len(errors), "median_ape": float(np.median(absolute)), "p90_ape": float(np.quantile(absolute, 0.9)),
+        return {"n": len(errors), "median_ape": float(np.median(absolute)),
+                "p90_ape": float(np.quantile(absolute, 0.9)),
                 "worst_ape": float(absolute.max()), "bias": float(np.median(errors)),
                 "interval_coverage": float(np.mean([r["in_interval"] for r in chosen])),
                 "unpredicted": sum(r["error"] is None for r in chosen)}
@@ -323,7 +325,8 @@ def markdown(document: dict[str, Any]) -> str:
     met = summary["goals_met"]
     lines.append(f"\nGoals: median <= 10%: {'met' if met['median_ape'] else 'MISSED'}; p90 <= 25%: "
                  f"{'met' if met['p90_ape'] else 'MISSED'}. Worst: {summary['worst']}. "
-                 f"{len(document['architectures'])} architectures taken, {len(document['skipped'])} skipped by the rule.")
+                 f"{len(document['architectures'])} architectures taken, {len(document['skipped'])} "
+                 "skipped by the rule.")
     return "\n".join(lines)
 
 
