@@ -106,7 +106,7 @@ def measured_run(case: Case, device: CheckDevice, warmup: int, steps: int) -> di
             if index >= warmup:
                 kernels.append((first, device.record()))
             del batch
-        wall_timer.enter()
+        wall_timer.enter()  # the wall clock counts the last step's compute here
         device.synchronize()
         loader.settle_step_timing()
         reporter = _difference(loader.counters, reporter_before)
