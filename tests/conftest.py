@@ -113,7 +113,7 @@ TIERS: dict[str, tuple[str, ...]] = {
         "test_controller_e2e", "test_controller_lifecycle", "test_cpu_wait", "test_server", "test_launcher", "test_status", "test_authz",
         "test_faults", "test_fuzz_socket", "test_load", "test_node_memory", "test_reporter", "test_torchrun",
         "test_bench_e2e", "test_prometheus", "test_deploy", "test_dataloader", "test_dataloader_properties",
-        "test_dataloader_torch_parity", "test_dataloader_frameworks", "test_dataloader_state", "test_socket_discovery", "test_slurm", "test_slurm_queue", "test_install", "test_packaging",
+        "test_dataloader_torch_parity", "test_dataloader_frameworks", "test_unchanged_programs", "test_dataloader_state", "test_socket_discovery", "test_slurm", "test_slurm_queue", "test_install", "test_packaging",
         "test_cli", "test_unmanaged", "test_throughput_model_cli", "test_throughput_model_api", "test_restart_resumes_plan",
         "test_training_processes", "test_autoload", "test_worker_targets", "test_doctor", "test_step_timer", "test_bench_gpu",
     ),

@@ -1,4 +1,5 @@
-"""A small training job run by a framework over ``adloader.DataLoader`` (tests/test_dataloader_frameworks.py).
+"""A small training job whose code imports ``adloader.DataLoader`` and runs it through a framework
+(tests/test_dataloader_frameworks.py runs it with the substitution off: the explicit path).
 
 ``--framework lightning``: a Lightning ``Trainer`` on CPU, ``strategy="ddp"`` with 2 processes over gloo
 (Lightning re-creates the loader to inject a DistributedSampler). ``--framework accelerate``: HF

@@ -1,7 +1,9 @@
-"""Lightning and Accelerate end to end under ``adloader run`` (tests/framework_job.py): the loader the
-framework iterates is still ``adloader.DataLoader``, it reports to the controller, and it follows the
-controller's worker target. Skipped, with the reason, when the framework is not installed
-(``./install.sh --test`` installs both)."""
+"""A program that imports adloader itself (``from adloader import DataLoader``, tests/framework_job.py)
+keeps working without the substitution: under ``adloader run --no-substitute``, Lightning DDP and
+Accelerate (through ``adloader.dataloader.accelerate.prepare_data_loader``) still iterate
+``adloader.DataLoader``, it reports to the controller and follows the controller's worker target.
+Programs that never import adloader are tests/test_unchanged_programs.py's. Skipped, with the
+reason, when the framework is not installed (``./install.sh --test`` installs both)."""
 from __future__ import annotations
 
 import importlib.util
@@ -26,7 +28,8 @@ def needs(module: str):
 
 def train(controller: ControllerProcess, tmp_path: Path, framework: str, ranks: int) -> list[dict]:
     job = controller.run(sys.executable, str(SCRIPT), "--framework", framework, "--out", str(tmp_path),
-                         "--stop-file", str(tmp_path / "stop"), name=f"{framework}-job")
+                         "--stop-file", str(tmp_path / "stop"), name=f"{framework}-job",
+                         options=("--no-substitute",))
     job_id = controller.registered(job).job_id
     snap = wait_until(
         lambda: (s := controller.job(job_id)) and s.ranks_reporting == ranks and s.samples_total > 0
