@@ -11,6 +11,7 @@ bench/report.py). ``--random N`` runs N seeded random mixes instead of one file.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -21,6 +22,7 @@ from adloader.cpuspec import online_subset
 from bench import gpu_step, machine, report
 from bench.mix import DEFAULT_MIX, PREDICTION_MIX, Mix, load_mix, mix_from_dict, random_mix
 from bench.runner import JobOutcome, NodeSetup, Progress, RunOutcome, run_policy, split_variant
+from controller.policies.rules import parse_without
 
 ALL_POLICIES = ("static", "even", "adaptive", "jct", "oracle")
 QUICK_POLICIES = ("even", "adaptive")
@@ -68,6 +70,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="each job's GPU step: sleep (GPU-emulated), cuda (a zoo model trained on the GPU, "
                         "shared by every job), cpu (the same on the CPU: a dry run); auto (default): cuda where "
                         "torch sees a GPU, else sleep")
+    parser.add_argument("--without", default=None, metavar="RULE[,RULE]",
+                        help="for an ablation only: every controller runs adaptive without these rules "
+                        "(python -m bench.ablation --node; the names: controller/policies/rules.py)")
     parser.add_argument("--cache", type=Path, default=CACHE_DIR, help="where datasets are generated once")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/adloader-bench"),
                         help="run directories: controller logs, job output, timelines")
@@ -76,6 +81,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """A bad mix, no cgroups, a job that failed: an AdloaderError, which the dispatcher reports in one line."""
     online_subset(args.cpus, "--cpus")  # before the datasets are made
+    parse_without(args.without)  # a wrong rule name fails here too
     if args.prediction_start:
         return _prediction_start(args)
     quick = args.quick
@@ -93,7 +99,9 @@ def main(args: argparse.Namespace) -> int:
     for mix in mixes:
         if scale != 1.0:
             mix = mix.scaled(scale)
-        node = node_setup(mix, args.cpus, args.read_bps, args.cache, args.period, args.settle_period, args.compute)
+        node = dataclasses.replace(
+            node_setup(mix, args.cpus, args.read_bps, args.cache, args.period, args.settle_period, args.compute),
+            without=args.without)
         runs, document = benchmark(mix, policies, repeats, node, args.cache, args.workdir, progress=print_progress)
         print(report.table(document["policies"], listed(policies)))
         for line in goal_lines(document):
@@ -197,7 +205,8 @@ def benchmark(
         "gpu_step": node.compute,
         "machine": machine.describe() | {"cpus_managed": node.cpus},
         "node": {"cpus": node.cpus, "period_s": node.period_s, "settle_period_s": node.settle_period_s,
-                 "read_bps": node.read_bps, "read_device": node.read_device},
+                 "read_bps": node.read_bps, "read_device": node.read_device,
+                 **({"adaptive_without": node.without.split(",")} if node.without else {})},
         "mix": mix.to_dict(),
         "policies_order": list(policies),
         "repeats": repeats,

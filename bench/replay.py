@@ -38,7 +38,7 @@ from bench.sim_node import (
     oversubscription_inflation,
     simulate,
 )
-from controller.policies import make_policy
+from controller.policies import AdaptiveRules, make_policy
 
 RESULTS = Path(__file__).resolve().parent / "results"
 NODE_CORES = 2
@@ -282,10 +282,11 @@ def measured_node(period_s: float, settle_period_s: float, read_bps: float | Non
 
 
 def reality_check(documents: Sequence[Mapping[str, Any]], seeds: int = 3,
-                  fetch: tuple[float, float] | None = None) -> list[dict[str, Any]]:
+                  fetch: tuple[float, float] | None = None, rules: AdaptiveRules = AdaptiveRules()
+                  ) -> list[dict[str, Any]]:
     """Per measured mix: measured and simulated GPU-busy ratios of adaptive to static and to
     even; ``fetch`` replaces the model's fetch constants (seconds per sample, and per sample
-    per worker per core)."""
+    per worker per core); ``rules``: adaptive's rules on (an ablation)."""
     rows = []
     for document in documents:
         measured = {p: v["gpu_busy"] for p, v in document["policies"].items()}
@@ -297,7 +298,8 @@ def reality_check(documents: Sequence[Mapping[str, Any]], seeds: int = 3,
         simulated: dict[str, list[float]] = {p: [] for p in ("static", "even", "adaptive")}
         for seed in range(seeds):
             for name in simulated:
-                simulated[name].append(simulate(node, jobs, make_policy(name), seed=seed).gpu_busy)
+                simulated[name].append(simulate(node, jobs, make_policy(name, rules), seed=seed,
+                                                safety_net=rules.safety_net).gpu_busy)
         sim = {p: statistics.median(v) for p, v in simulated.items()}
         row: dict[str, Any] = {"mix": document["mix"]["name"], "measured_gpu_busy": measured,
                                "simulated_gpu_busy": sim}

@@ -66,6 +66,8 @@ class NodeSetup:
     compute: str = "sleep"
     """How each job makes its GPU step: ``sleep`` (GPU-emulated), or ``cuda``/``cpu``: it trains a
     zoo model on its batches there (bench/gpu_step.py)."""
+    without: str | None = None
+    """For an ablation only: adaptive's rules its controllers run without (``--without``)."""
 
 
 @dataclass
@@ -246,6 +248,8 @@ def _controller_options(policy: str, training: str, node: NodeSetup, queue_file:
         options += ("--pending", str(queue_file))
     if node.read_bps is not None and node.read_device is not None:
         options += ("--read-bps", str(int(node.read_bps)), "--read-device", node.read_device)
+    if node.without:
+        options += ("--without", node.without)
     return options
 
 

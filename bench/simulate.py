@@ -56,9 +56,10 @@ from bench.replay import (
 from bench.mix import Mix, load_mix
 from bench.report import write_json
 from bench.sim_node import SimJob, SimNode, SimResult, simulate
-from controller.policies import make_policy
+from controller.policies import AdaptiveRules, make_policy
 from controller.policies.base import Policy
 from controller.policies.oracle import OraclePolicy
+from controller.policies.rules import parse_without
 from controller.policies.shares import JobModel, with_plan_margin
 from throughput_model.curves import concave_lines
 
@@ -181,18 +182,20 @@ def oracle_for(jobs: Sequence[SimJob], node: SimNode, last_phase: bool = False,
                                 for job in jobs}, later=later)
 
 
-def run_policy(name: str, node: SimNode, jobs: Sequence[SimJob], seed: int) -> SimResult:
+def run_policy(name: str, node: SimNode, jobs: Sequence[SimJob], seed: int,
+               rules: AdaptiveRules = AdaptiveRules()) -> SimResult:
     """One simulated run. ``oracle`` is the best static split: the better of the splits best
     for the jobs' first phases and for their last phases (a split cannot follow a phase, but
-    the bound may know which phase matters more)."""
+    the bound may know which phase matters more). ``rules``: adaptive's rules on (an ablation)."""
     if name == "oracle":
         runs = [simulate(node, jobs, oracle_for(jobs, node, last_phase=last), seed=seed)
                 for last in ((False, True) if any(job.phases for job in jobs) else (False,))]
         return max(runs, key=lambda run: run.gpu_busy)
-    policy: Policy = oracle_for(jobs, node, follow_phases=True) if name == "oracle_phased" else make_policy(name)
+    policy: Policy = oracle_for(jobs, node, follow_phases=True) if name == "oracle_phased" \
+        else make_policy(name, rules)
     # the bound knows the truth: nothing for the safety net to catch, and its own cuts, which
     # make the cut jobs slower by design, are not to be taken back
-    return simulate(node, jobs, policy, seed=seed, safety_net=name != "oracle_phased")
+    return simulate(node, jobs, policy, seed=seed, safety_net=rules.safety_net and name != "oracle_phased")
 
 
 # ---------------------------------------------------------------------------------------- scoring
@@ -243,8 +246,9 @@ def score(result: SimResult) -> dict[str, Any]:
     }
 
 
-def run_mix(node: SimNode, jobs: Sequence[SimJob], seed: int, policies: Sequence[str] = POLICIES) -> dict[str, Any]:
-    scores = {name: score(run_policy(name, node, jobs, seed)) for name in policies}
+def run_mix(node: SimNode, jobs: Sequence[SimJob], seed: int, policies: Sequence[str] = POLICIES,
+            rules: AdaptiveRules = AdaptiveRules()) -> dict[str, Any]:
+    scores = {name: score(run_policy(name, node, jobs, seed, rules)) for name in policies}
     ratios = {}
     if "oracle" in scores and "oracle_phased" in scores and scores["oracle"]["gpu_busy"] > 0:
         ratios["oracle_phased_vs_oracle"] = scores["oracle_phased"]["gpu_busy"] / scores["oracle"]["gpu_busy"]
@@ -255,10 +259,11 @@ def run_mix(node: SimNode, jobs: Sequence[SimJob], seed: int, policies: Sequence
 
 
 def node_row(node: SimNode, n_jobs: int, n_mixes: int, make_mix: Callable[[int, int, int], list[SimJob]],
-             policies: Sequence[str], gpus: int | None = 8) -> dict[str, Any]:
+             policies: Sequence[str], gpus: int | None = 8, rules: AdaptiveRules = AdaptiveRules()) -> dict[str, Any]:
     """One row of a report: ``n_mixes`` seeded mixes of ``n_jobs`` jobs on ``node`` under
     ``policies``, with each policy's median GPU busy and adaptive's ratios (min, median, max)."""
-    mixes = [run_mix(node, make_mix(node.cores, n_jobs, seed), seed, policies) for seed in range(1, n_mixes + 1)]
+    mixes = [run_mix(node, make_mix(node.cores, n_jobs, seed), seed, policies, rules)
+             for seed in range(1, n_mixes + 1)]
     ratios = {k: [m["ratios"][k] for m in mixes] for k in mixes[0]["ratios"]}
     return {"cores": node.cores, "gpus": gpus, "jobs": n_jobs, "mixes": mixes,
             "gpu_busy_median": {p: statistics.median(m["policies"][p]["gpu_busy"] for m in mixes) for p in policies},
@@ -279,7 +284,8 @@ def slowest_settles(mixes: Sequence[dict[str, Any]]) -> tuple[float, float]:
 
 # ---------------------------------------------------------------------------------------- shipped mix files
 
-def mix_figures(mix: Mix, policies: Sequence[str], seeds: int = 3) -> dict[str, Any]:
+def mix_figures(mix: Mix, policies: Sequence[str], seeds: int = 3, rules: AdaptiveRules = AdaptiveRules()
+                ) -> dict[str, Any]:
     """``mix`` (a shipped file: a queue where it gives the node's ``gpus``) on the measured 2-core
     node, each policy ``seeds`` times: medians of mean JCT (wait included), GPU busy and
     makespan, and each policy's ratios to ``adaptive``'s. SIMULATED."""
@@ -287,7 +293,8 @@ def mix_figures(mix: Mix, policies: Sequence[str], seeds: int = 3) -> dict[str, 
     node = dataclasses.replace(node, gpus=mix.gpus)
     figures = {}
     for name in policies:
-        runs = [simulate(node, jobs, make_policy(name), seed=seed) for seed in range(seeds)]
+        runs = [simulate(node, jobs, make_policy(name, rules), seed=seed, safety_net=rules.safety_net)
+                for seed in range(seeds)]
         figures[name] = {
             "mean_jct_s": statistics.median(statistics.fmean(j["jct_s"] for j in run.jobs.values()) for run in runs),
             "gpu_busy": statistics.median(run.gpu_busy for run in runs),
@@ -349,9 +356,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "each policy of --policies, medians over --seeds")
     parser.add_argument("--policies", default="adaptive,jct", help="with --mix (default adaptive,jct)")
     parser.add_argument("--seeds", type=int, default=3, help="with --mix: seeded runs per policy (default 3)")
+    parser.add_argument("--without", default=None, metavar="RULE[,RULE]",
+                        help="for an ablation only: adaptive without these rules (controller/policies/rules.py)")
     args = parser.parse_args(argv)
+    rules = parse_without(args.without)
     if args.mix:
-        documents = [mix_figures(load_mix(path), args.policies.split(","), args.seeds) for path in args.mix]
+        documents = [mix_figures(load_mix(path), args.policies.split(","), args.seeds, rules) for path in args.mix]
         for document in documents:
             for line in mix_lines(document):
                 print(line)
@@ -371,7 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{'a/even':>7} {'a/oracle':>8} {'phased/o':>8} {'settle':>7} {'phase':>6} {'chg/j-min':>9} {'ms/step':>8}")
     for cores in args.cores:
         for n in args.jobs:
-            row = node_row(sim_node(cores), n, args.mixes, scale_mix, POLICIES)
+            row = node_row(sim_node(cores), n, args.mixes, scale_mix, POLICIES, rules=rules)
             mixes, summary, med = row["mixes"], row["gpu_busy_median"], row["adaptive_ratio_median"]
             settle, phase_settle = slowest_settles(mixes)
             changes = statistics.median(m["policies"]["adaptive"]["changes_per_job_minute"] for m in mixes)
@@ -389,7 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{'phased/o':>8} {'a/static':>8} {'settle':>7} {'phase':>6}")
     for cores in args.cores:
         for n in args.crossing_jobs:
-            row = node_row(sim_node(cores), n, args.mixes, crossing_mix, CROSSING_POLICIES)
+            row = node_row(sim_node(cores), n, args.mixes, crossing_mix, CROSSING_POLICIES, rules=rules)
             settle, phase_settle = slowest_settles(row["mixes"])
             crossing.append({**row, "adaptive_settle_s_max": settle, "adaptive_phase_settle_s_max": phase_settle})
             summary, med = row["gpu_busy_median"], row["adaptive_ratio_median"]
@@ -404,7 +414,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{'settle':>7} {'phase':>6}")
     for n in (2, 3, 4):
         row = node_row(measured_node(args.period, args.settle_period), n, args.two_core_mixes, two_core_phase_mix,
-                       CROSSING_POLICIES, gpus=None)
+                       CROSSING_POLICIES, gpus=None, rules=rules)
         settle, phase_settle = slowest_settles(row["mixes"])
         row = {**row, "adaptive_settle_s_max": settle, "adaptive_phase_settle_s_max": phase_settle}
         two_core.append(row)
@@ -423,14 +433,14 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{'a/oracle':>8} {'phased/o':>8} {'a/static':>8} {'a/phased':>8}")
     for need, factor in CROSSING_PAIRS[:1] if args.quick else CROSSING_PAIRS:
         pair = run_mix(measured_node(args.period, args.settle_period), crossing_pair(need, factor), seed=1,
-                       policies=("static", "even", "adaptive", "oracle", "oracle_phased"))
+                       policies=("static", "even", "adaptive", "oracle", "oracle_phased"), rules=rules)
         pairs.append({"need_cores": need, "dearer": factor, **pair})
         busy, ratio = {k: v["gpu_busy"] for k, v in pair["policies"].items()}, pair["ratios"]
         print(f"{need:>5.1f} {factor:>5.1f}x {busy['static']:>7.3f} {busy['even']:>7.3f} {busy['oracle']:>7.3f} "
               f"{busy['oracle_phased']:>7.3f} {busy['adaptive']:>7.3f} {ratio['adaptive_vs_oracle']:>7.3f}x "
               f"{ratio['oracle_phased_vs_oracle']:>7.3f}x {ratio['adaptive_vs_static']:>7.3f}x "
               f"{ratio['adaptive_vs_oracle_phased']:>7.3f}x")
-    check = reality_check(measured_documents(), seeds=1 if args.quick else 3)
+    check = reality_check(measured_documents(), seeds=1 if args.quick else 3, rules=rules)
     print("\nCheck against the measured 2-core runs (GPU-emulated there, simulated here): adaptive/static, adaptive/even")
     for row in check:
         s, e = row["adaptive_vs_static"], row["adaptive_vs_even"]
@@ -447,6 +457,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{headroom['simulated_unlimited_cores_under_1_05']} of {headroom['mixes']} mixes")
     document = {
         "benchmark": "adloader policies at 8-GPU scale, SIMULATED (bench/sim_node.py drives the real policies)",
+        **({"adaptive_without": list(rules.off)} if rules.off else {}),
         "machine": machine.describe(),
         "period_s": args.period, "settle_period_s": args.settle_period, "scale": scale, "crossing_phases": crossing,
         "two_core_phases": two_core, "crossing_pairs": pairs, "reality_check": check,

@@ -1,0 +1,267 @@
+"""``python -m bench.ablation``: what each of ``adaptive``'s rules buys, measured by turning it off alone.
+
+Each rule around the linear program was added to fix one case (controller/policies/rules.py).
+This runs ``adaptive`` with every rule on, then with each rule off in turn, on the same mixes,
+and reports per rule: GPU busy against all rules on (worst and median over the mixes), the
+slowest settle after an arrival or departure, and allocation changes per job-minute. A rule
+whose removal moves GPU busy by less than ``NO_EFFECT_BUSY`` on every mix, and settle and
+changes by no more than ``SETTLE_NOISE_S`` and ``CHANGES_NOISE``, is listed as a candidate
+for removal.
+
+``--simulated``: the real policy on the node model (bench/sim_node.py), SIMULATED and
+deterministic (the machine's load changes only the wall time). ``--mixes reality`` (default):
+the measured 2-core mixes that ``python -m bench.simulate`` checks against reality (the shipped
+mixes and the seeded random ones, replayed with what their runs measured), ``--seeds`` each;
+``--mixes all``: every mix ``bench.simulate`` runs besides (8-GPU scale, crossing phases,
+2-core phase mixes, crossing pairs; hours on two cores).
+
+``--node``: ``adloader bench`` (GPU-emulated) on shipped mix files under ``adaptive``, once with
+every rule and once per rule off (``adloader bench --without``), ``--repeats`` each. Run it alone
+on the machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from bench import machine
+from bench.replay import DISK_BPS, jobs_from_measured_mix, measured_documents, measured_node
+from bench.report import write_json
+from bench.sim_node import SimJob, SimNode
+from bench.simulate import (
+    CROSSING_PAIRS, crossing_mix, crossing_pair, run_policy, scale_mix, score, two_core_phase_mix,
+)
+from controller.policies.rules import RULES, AdaptiveRules
+
+NO_EFFECT_BUSY = 0.005
+"""A rule whose removal moves GPU busy by less than this fraction on every mix buys no GPU time."""
+SETTLE_NOISE_S = 1.0
+"""Settle differences up to one control period are a change a step sooner or later, not an effect."""
+CHANGES_NOISE = 0.1
+"""Changes per job-minute within this fraction of all rules on (or 0.05 apart) are the same."""
+METRICS = ("gpu_busy", "settle_s", "changes_per_job_minute")
+"""What is compared per mix: GPU-weighted busy, slowest settle after an arrival or departure,
+allocation changes per job-minute."""
+MIX_SETS = ("reality", "all")
+NODE_MIXES = ("adloader_like.json", "real_node.json", "periodic_eval.json", "jct_lengths.json",
+              "crossing_pair_sharp.json")
+"""The shipped 2-core mixes the node ablation runs by default (bench/mixes/)."""
+MIXES_DIR = Path(__file__).resolve().parent / "mixes"
+
+
+@dataclass(frozen=True)
+class SimMix:
+    """One simulated mix: its name in the report, the node, the jobs and the run's seed."""
+
+    name: str
+    node: SimNode
+    jobs: tuple[SimJob, ...]
+    seed: int
+
+
+def simulated_mixes(which: str, seeds: int, period_s: float = 1.0, settle_period_s: float = 0.5) -> list[SimMix]:
+    """The mixes of ``which`` (MIX_SETS), each measured one ``seeds`` times (their seeds 0, 1, ...);
+    the generated mixes of ``all`` once each, at the seed ``bench.simulate`` gives them."""
+    mixes = []
+    for document in measured_documents():
+        jobs, node = jobs_from_measured_mix(document)
+        mixes += [SimMix(f"{document['mix']['name']}#{seed}", node, tuple(jobs), seed) for seed in range(seeds)]
+    if which == "reality":
+        return mixes
+
+    def big(cores: int) -> SimNode:
+        return SimNode(cores=cores, disk_bps=DISK_BPS, period_s=period_s, settle_period_s=settle_period_s)
+
+    two_cores = measured_node(period_s, settle_period_s)
+    generated: list[tuple[str, SimNode, Callable[[int, int, int], list[SimJob]], int, int]] = [
+        *((f"scale-{cores}c-{n}", big(cores), scale_mix, n, 3) for cores in (64, 128) for n in (4, 8, 16)),
+        *((f"crossing-{cores}c-{n}", big(cores), crossing_mix, n, 3) for cores in (64, 128) for n in (4, 8)),
+        *((f"phases-2c-{n}", two_cores, two_core_phase_mix, n, 15) for n in (2, 3, 4)),
+    ]
+    for label, node, make, n, count in generated:
+        mixes += [SimMix(f"{label}-{seed}", node, tuple(make(int(node.cores), n, seed)), seed)
+                  for seed in range(1, count + 1)]
+    mixes += [SimMix(f"pair-{need:g}-{factor:g}", two_cores, tuple(crossing_pair(need, factor)), 1)
+              for need, factor in CROSSING_PAIRS]
+    return mixes
+
+
+def simulated_scores(mix: SimMix, rules: AdaptiveRules) -> dict[str, float]:
+    """``adaptive`` under ``rules`` on ``mix``: the METRICS, and the safety net's give-backs."""
+    result = score(run_policy("adaptive", mix.node, mix.jobs, mix.seed, rules))
+    return {"gpu_busy": result["gpu_busy"], "settle_s": result["settle_s_max"],
+            "changes_per_job_minute": result["changes_per_job_minute"],
+            "safety_net_reverts": result["safety_net_reverts"]}
+
+
+def effect(on: Mapping[str, Mapping[str, float]], off: Mapping[str, Mapping[str, float]]) -> dict[str, Any]:
+    """What turning a rule off did, over the mixes both ran: GPU busy as a ratio to all rules on
+    (worst, median, best, and the mixes it moved by NO_EFFECT_BUSY or more), the slowest settle
+    and the median changes per job-minute with and without it, and whether that is a candidate
+    for removal."""
+    names = [name for name in on if name in off]
+    if not names:
+        return {"mixes": 0}
+    ratios = {name: off[name]["gpu_busy"] / on[name]["gpu_busy"] for name in names if on[name]["gpu_busy"] > 0}
+    moved = sorted((name for name, ratio in ratios.items() if abs(ratio - 1) >= NO_EFFECT_BUSY),
+                   key=lambda name: ratios[name])
+    settle = {side: max(runs[name]["settle_s"] for name in names) for side, runs in (("on", on), ("off", off))}
+    settle_moved = sorted(name for name in names if abs(off[name]["settle_s"] - on[name]["settle_s"]) > SETTLE_NOISE_S)
+    changes = {side: statistics.median(runs[name]["changes_per_job_minute"] for name in names)
+               for side, runs in (("on", on), ("off", off))}
+    same_changes = abs(changes["off"] - changes["on"]) <= max(0.05, CHANGES_NOISE * changes["on"])
+    return {
+        "mixes": len(names),
+        "gpu_busy_ratio_worst": min(ratios.values()),
+        "gpu_busy_ratio_median": statistics.median(ratios.values()),
+        "gpu_busy_ratio_best": max(ratios.values()),
+        "mixes_moved": {name: ratios[name] for name in moved},
+        "settle_s_slowest": settle,
+        "mixes_settle_moved": {name: [on[name]["settle_s"], off[name]["settle_s"]] for name in settle_moved},
+        "changes_per_job_minute_median": changes,
+        "identical": all(on[name] == off[name] for name in names),
+        "candidate_for_removal": not moved and not settle_moved and same_changes,
+    }
+
+
+def ablate(mixes: Sequence[str], rules: Sequence[str], run: Callable[[str, AdaptiveRules], dict[str, float] | None],
+           checkpoint: Callable[[dict[str, Any]], None] = lambda _: None) -> dict[str, Any]:
+    """Every mix with all rules on, then each of ``rules`` off alone; ``run(mix, rules)`` scores one
+    (None: it failed, and the mix is left out of that comparison). ``checkpoint`` gets the
+    document after each rule, so an interrupted ablation keeps what it measured."""
+    on = {mix: scores for mix in mixes if (scores := run(mix, AdaptiveRules())) is not None}
+    document: dict[str, Any] = {"all_on": on, "without": {}}
+    for rule in rules:
+        off = {mix: scores for mix in on if (scores := run(mix, AdaptiveRules().without([rule]))) is not None}
+        document["without"][rule] = {"effect": effect(on, off), "mixes": off}
+        checkpoint(document)
+    document["candidates_for_removal"] = [rule for rule, entry in document["without"].items()
+                                          if entry["effect"].get("candidate_for_removal")]
+    return document
+
+
+def table(document: Mapping[str, Any], label: str) -> list[str]:
+    """The printed summary: one line per rule."""
+    lines = [f"{label}: adaptive with each rule off, against all rules on ({len(document['all_on'])} mixes)",
+             f"{'rule off':<24} {'busy worst':>10} {'median':>7} {'best':>7} {'moved':>5} {'settle on->off':>15} "
+             f"{'settle moved':>12} {'chg/job-min on->off':>19}  candidate"]
+    for rule, entry in document["without"].items():
+        e = entry["effect"]
+        if not e.get("mixes"):
+            lines.append(f"{rule:<24} (no mix ran)")
+            continue
+        settle, changes = e["settle_s_slowest"], e["changes_per_job_minute_median"]
+        lines.append(f"{rule:<24} {e['gpu_busy_ratio_worst']:>9.3f}x {e['gpu_busy_ratio_median']:>6.3f}x "
+                     f"{e['gpu_busy_ratio_best']:>6.3f}x "
+                     f"{len(e['mixes_moved']):>5} {settle['on']:>6.1f} -> {settle['off']:>4.1f}s "
+                     f"{len(e['mixes_settle_moved']):>12} {changes['on']:>8.2f} -> {changes['off']:>5.2f}  "
+                     f"{'yes' + (' (identical)' if e['identical'] else '') if e['candidate_for_removal'] else 'no'}")
+    lines.append(f"moved: mixes whose GPU busy moved by {100 * NO_EFFECT_BUSY:g}% or more; settle moved: whose slowest "
+                 f"settle moved by more than {SETTLE_NOISE_S:g} s")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------- node
+
+def node_command(mix: Path, rule: str | None, repeats: int, out: Path, extra: Sequence[str] = ()) -> list[str]:
+    """The ``adloader bench`` run of ``mix`` under ``adaptive``, without ``rule`` (None: all rules on)."""
+    command = [sys.executable, "-m", "adloader", "bench", "--mix", str(mix), "--policies", "adaptive",
+               "--repeats", str(repeats), "--json", str(out), *extra]
+    return command + (["--without", rule] if rule else [])
+
+
+def node_runner(mixes: Mapping[str, Path], repeats: int, workdir: Path, extra: Sequence[str] = ()
+                ) -> Callable[[str, AdaptiveRules], dict[str, float] | None]:
+    """Scores one ``adloader bench`` run per (mix, rules): its adaptive medians over the repeats;
+    None when the run failed (its output is kept in ``workdir``)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+
+    def run(name: str, rules: AdaptiveRules) -> dict[str, float] | None:
+        label = "-".join(rules.off) or "all-on"
+        out = workdir / f"{Path(name).stem}-{label}.json"
+        command = node_command(mixes[name], ",".join(rules.off) or None, repeats, out, extra)
+        print("$", " ".join(command), flush=True)
+        with open(workdir / f"{Path(name).stem}-{label}.log", "w") as log:
+            finished = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False)
+        if finished.returncode != 0 or not out.exists():
+            print(f"  failed (exit {finished.returncode}): {log.name}", flush=True)
+            return None
+        adaptive = json.loads(out.read_text())["policies"]["adaptive"]
+        return {metric: adaptive[metric] for metric in METRICS}
+
+    return run
+
+
+# ---------------------------------------------------------------------------------------- main
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.ablation", description=__doc__.split("\n")[0])
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--simulated", action="store_true", help="on the node model (SIMULATED, deterministic)")
+    where.add_argument("--node", action="store_true", help="adloader bench on shipped mixes (GPU-emulated)")
+    parser.add_argument("--out", type=Path, required=True, help="write the results here (JSON)")
+    parser.add_argument("--rules", default=",".join(RULES),
+                        help="comma-separated rules to turn off one at a time (default: every rule)")
+    parser.add_argument("--mixes", default=None,
+                        help=f"--simulated: {' or '.join(MIX_SETS)} (default reality); --node: mix files, "
+                        f"comma-separated (default bench/mixes/{{{','.join(NODE_MIXES)}}})")
+    parser.add_argument("--seeds", type=int, default=3, help="--simulated: seeds per measured mix (default 3)")
+    parser.add_argument("--limit", type=int, default=None, help="only the first N mixes (to time a run)")
+    parser.add_argument("--repeats", type=int, default=2, help="--node: adloader bench repeats per run (default 2)")
+    parser.add_argument("--scale", type=float, default=None, help="--node: passed to adloader bench (a dry run)")
+    parser.add_argument("--workdir", type=Path, default=Path("/tmp/adloader-ablation"),
+                        help="--node: each run's JSON and output")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.ERROR)  # the simulated controller's give-backs are counted, not logged
+    rules = [rule.strip() for rule in args.rules.split(",") if rule.strip()]
+    AdaptiveRules().without(rules)  # an unknown rule fails here, naming the rules
+    started = time.perf_counter()
+    if args.simulated:
+        which = args.mixes or "reality"
+        if which not in MIX_SETS:
+            parser.error(f"--mixes {which}: with --simulated give {' or '.join(MIX_SETS)}")
+        by_name = {mix.name: mix for mix in simulated_mixes(which, args.seeds)[:args.limit]}
+        label = "SIMULATED"
+        header = {"benchmark": "adaptive's rules, each off alone, SIMULATED (bench/sim_node.py drives the real policy)",
+                  "simulated": True, "mix_set": which, "seeds": args.seeds}
+
+        def run(name: str, rules_on: AdaptiveRules) -> dict[str, float] | None:
+            return simulated_scores(by_name[name], rules_on)
+    else:
+        files = [Path(f) for f in args.mixes.split(",")] if args.mixes else [MIXES_DIR / f for f in NODE_MIXES]
+        missing = [str(f) for f in files if not f.exists()]
+        if missing:
+            parser.error(f"no mix file {', '.join(missing)}: shipped ones are in {MIXES_DIR}")
+        by_name = {f.name: f for f in files[:args.limit]}
+        label = "GPU-emulated"
+        header = {"benchmark": "adaptive's rules, each off alone, on the node benchmark (GPU-emulated)",
+                  "simulated": False, "repeats": args.repeats, "scale": args.scale}
+        run = node_runner(by_name, args.repeats, args.workdir,
+                          ("--scale", str(args.scale)) if args.scale is not None else ())
+    header |= {"machine": machine.describe(), "rules_off_in_turn": rules,
+               "no_effect": {"gpu_busy": NO_EFFECT_BUSY, "settle_s": SETTLE_NOISE_S, "changes": CHANGES_NOISE}}
+
+    def checkpoint(document: dict[str, Any]) -> None:
+        write_json(args.out, {**header, **document, "wall_s": time.perf_counter() - started})
+        rule = list(document["without"])[-1]
+        print(f"  {rule} off: {time.perf_counter() - started:.0f} s", flush=True)
+
+    document = ablate(list(by_name), rules, run, checkpoint)
+    write_json(args.out, {**header, **document, "wall_s": time.perf_counter() - started})
+    for line in table(document, label):
+        print(line)
+    print(f"candidates for removal: {', '.join(document['candidates_for_removal']) or 'none'}")
+    print(f"results: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
