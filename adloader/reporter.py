@@ -30,7 +30,7 @@ import time
 import weakref
 from typing import Any, Callable, Mapping, Protocol
 
-from adloader import env, paths, protocol
+from adloader import env, paths, protocol, unmanaged
 from adloader.client import ControllerClient
 from adloader.errors import ControllerRefused, ControllerUnavailable
 
@@ -90,18 +90,30 @@ class Reporter:
         self._asked = 0
         """The most workers a loader of this process was built with: what the job asked for."""
         self._told_fewer = False
+        self._had_loader = False
+        """A managed loader was added at some point: then this rank is managed, whatever fell back."""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def add(self, loader: Reportable) -> None:
         with self._lock:
             self._loaders.append((weakref.ref(loader), loader.counters))
+            self._had_loader = True
             self._asked = max(self._asked, loader.num_workers)
             if self._active is None:
                 self._active = weakref.ref(loader)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="adloader-reporter", daemon=True)
-                self._thread.start()
+            self._start_locked()
+
+    def start(self) -> None:
+        """Report without a managed loader yet: a rank whose loaders all run as torch's still tells
+        the controller it is alive, and why it is unmanaged (see :meth:`build_report`)."""
+        with self._lock:
+            self._start_locked()
+
+    def _start_locked(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="adloader-reporter", daemon=True)
+            self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -158,6 +170,7 @@ class Reporter:
             num_workers=active.running_workers() if active is not None else 0,
             features=None if _features_delivered.is_set() else _model_features,
             loader_pids=tuple(sorted({pid for _, loader, _ in alive for pid in loader.loader_pids()})),
+            unmanaged_reason=None if self._had_loader else ("; ".join(unmanaged.unmanaged_reasons()) or None),
         )
 
     def _pick_active(self, alive: list[tuple[weakref.ref, Reportable, Any]]) -> Reportable | None:
@@ -259,6 +272,23 @@ def is_managed(environ: Mapping[str, str] | None = None) -> bool:
 
 def attach(loader: Reportable, environ: Mapping[str, str] | None = None) -> Reporter | None:
     """Register a loader with this process's reporter, starting it on first use; no-op when unmanaged."""
+    reporter = _process_reporter(environ)
+    if reporter is not None:
+        reporter.add(loader)
+    return reporter
+
+
+def attach_unmanaged(environ: Mapping[str, str] | None = None) -> Reporter | None:
+    """Start this process's reporter for a loader that runs as torch's (adloader.unmanaged holds
+    why), so the controller hears the reason instead of nothing; no-op when the job is unmanaged."""
+    reporter = _process_reporter(environ)
+    if reporter is not None:
+        reporter.start()
+    return reporter
+
+
+def _process_reporter(environ: Mapping[str, str] | None) -> Reporter | None:
+    """This process's reporter, created on first use in a managed job; None when unmanaged."""
     global _reporter
     if not is_managed(environ):
         return None
@@ -269,9 +299,7 @@ def attach(loader: Reportable, environ: Mapping[str, str] | None = None) -> Repo
                 env.world_size(environ),
             )
             atexit.register(_reporter.finish)
-        reporter = _reporter
-    reporter.add(loader)
-    return reporter
+        return _reporter
 
 
 def current() -> Reporter | None:

@@ -27,10 +27,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
     parser.add_argument("--stop-file", required=True)
+    parser.add_argument("--unordered", action="store_true",
+                        help="in_order=False: a loader adloader cannot run, so it stays torch's")
     args = parser.parse_args()
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = DataLoader(Numbers(), batch_size=8, shuffle=True, num_workers=1)
+    options = {"in_order": False} if args.unordered else {}
+    loader = DataLoader(Numbers(), batch_size=8, shuffle=True, num_workers=1, **options)
     workers_seen, samples = set(), 0
     while not Path(args.stop_file).exists():
         for x, y in loader:

@@ -72,6 +72,23 @@ def test_a_job_that_never_reports_is_unmanaged_after_the_grace_and_its_launcher_
     assert warned(managed) == []
 
 
+def test_a_torch_loader_that_falls_back_under_the_substitution_tells_status_why(
+    start_controller: Callable[..., ControllerProcess], tmp_path: Path,
+) -> None:
+    """An unchanged program whose loader adloader cannot run (in_order=False) runs it as torch's;
+    its rank still reports, so status names that reason, not "no loader has reported"."""
+    controller = start_controller("--policy", "even", "--cpus", "0", "--unmanaged-after", "60")
+    job = controller.run(sys.executable, str(REPO / "tests" / "plain_torch_job.py"), "--unordered",
+                         "--out", str(tmp_path / "out.json"), "--stop-file", str(tmp_path / "stop"), name="unordered")
+    job_id = controller.registered(job).job_id
+    snap = wait_until(lambda: (s := controller.job(job_id)) and s.state == "unmanaged" and s, 60,
+                      f"the fallback's reason in status; log:\n{controller.log()}")
+    assert "in_order=False" in snap.unmanaged_reason, snap.unmanaged_reason
+    (tmp_path / "stop").touch()
+    assert job.wait(60) == 0, job.output()
+    assert "TorchLoaderFallback" in job.output()[1]
+
+
 BUSY_TENTH = (sys.executable, "-c", "import time\nwhile True:\n    t = time.monotonic()\n"
               "    while time.monotonic() - t < 0.01: pass\n    time.sleep(0.09)")
 """A job that computes about a tenth of a core and never reports (its loading is its own)."""

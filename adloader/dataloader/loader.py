@@ -127,7 +127,9 @@ class DataLoader(TorchDataLoader[T_co]):
     def _run_as_torch(self, reason: str, stacklevel: int) -> None:
         """Mark this loader as running as torch's; the first in the process warns, saying why."""
         self.__dict__["_runs_as_torch"] = reason
-        if unmanaged.note_unmanaged(reason):
+        first = unmanaged.note_unmanaged(reason)
+        reporter.attach_unmanaged()
+        if first:
             warnings.warn(f"adloader: this DataLoader runs as torch's, unmanaged: {reason}", TorchLoaderFallback,
                           stacklevel=stacklevel)
 
