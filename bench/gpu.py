@@ -57,7 +57,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary = run_all(device, DRY_RUN if args.dry_run else GPU, args.out, only,
                       progress=lambda line: print(line, flush=True))
     print(f"bench.gpu: {'all parts ok' if summary['ok'] else 'some parts FAILED'}; data_wait_error "
-          f"{summary['data_wait_error']}, reporter_overhead {summary['reporter_overhead']}; {args.out / 'summary.json'}")
+          f"{summary['data_wait_error']}, reporter_overhead {summary['reporter_overhead']}; "
+          f"{args.out / 'summary.json'}")
     return 0 if summary["ok"] else 1
 
 

@@ -11,7 +11,6 @@ the vendor table's where the GPU is in it, the measured ones otherwise.
 from __future__ import annotations
 
 import gc
-import logging
 import time
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -25,8 +24,6 @@ from throughput_model import evaluate, profile
 from throughput_model.devices import Device, cpu_device, cpu_model_name, lookup, measure_cpu_numbers
 from throughput_model.errors import ThroughputModelError
 from throughput_model.zoo import ZOO, ZooModel
-
-log = logging.getLogger(__name__)
 
 
 def interleaved(points: list[tuple[ZooModel, int]]) -> list[tuple[ZooModel, int]]:

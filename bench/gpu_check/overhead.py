@@ -6,8 +6,8 @@ repeated (median): an upper bound on what the reporter costs, since it counts ev
 adloader adds to the training thread (the step timer's markers at every ``next()``, the
 dispatcher) and not only the reporter. The reporter's thread itself is not running here (no
 controller): it sends one report a second off the training thread. The loop trains a zoo
-model on the GPU (a 10 ms sleeping step on the emulated device); loading keeps up, so the device's step sets the pace and any cost on
-the training thread shows.
+model on the GPU (a 10 ms sleeping step on the emulated device); loading keeps up, so the
+device's step sets the pace and any cost on the training thread shows.
 
 ``step_timer_us`` times the step timer alone: a thousand ``enter``/``leave`` pairs with the
 device's markers, per step, against the median step time.
@@ -88,7 +88,8 @@ def run(device: CheckDevice, batches: int, repeats: int, batch: int = 32, worker
     timer_us = step_timer_us(device)
     step_s = batch / statistics.median(adloader_rates)
     return {"reporter_overhead": ratio, "goal": f"<= {GOAL}", "met": ratio <= GOAL,
-            "model": "emulated: 10 ms of queued work a step" if device.emulated else DEFAULT_MODEL, "batch": batch, "workers": workers, "batches": batches,
+            "model": "emulated: 10 ms of queued work a step" if device.emulated else DEFAULT_MODEL,
+            "batch": batch, "workers": workers, "batches": batches,
             "torch_samples_per_s": torch_rates, "adloader_samples_per_s": adloader_rates,
             "step_timer_us": timer_us, "step_s": step_s, "step_timer_fraction": timer_us * 1e-6 / step_s,
             "measures": "torch's DataLoader / adloader's, same loop and workers: an upper bound on the "
