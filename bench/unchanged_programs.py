@@ -112,6 +112,12 @@ def command(program: Program, out: Path, size: Size, data: Path | None = None, s
     return [*launcher, script, *args]
 
 
+def environment() -> dict[str, str]:
+    """The programs' environment, plain or managed: the harness's (bench.controller_process), with
+    Hugging Face's libraries offline, so that nothing is ever downloaded (a try raises at once)."""
+    return base_environment(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+
+
 def jpeg_folder(root: Path, size: Size) -> Path:
     """``size.samples`` JPEG files (made once under ``root``) for the image program."""
     return make_jpeg_cache(root, px=size.px * 2, count=size.samples)
@@ -136,7 +142,7 @@ def throughput(records: Sequence[dict[str, Any]]) -> float:
 def run_plain(program: Program, out: Path, size: Size, data: Path | None, timeout: float) -> list[dict[str, Any]]:
     """Run the program as its user would without adloader; its records."""
     argv = command(program, out, size, data)
-    result = subprocess.run(argv, env=base_environment(), cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(argv, env=environment(), cwd=REPO, capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
         raise BenchmarkError(f"{program.name} (plain) exited with {result.returncode}:\n{result.stderr[-3000:]}")
     return read_records(out, program.ranks)
@@ -145,7 +151,7 @@ def run_plain(program: Program, out: Path, size: Size, data: Path | None, timeou
 def run_managed(controller: ControllerProcess, program: Program, out: Path, size: Size, data: Path | None,
                 timeout: float) -> list[dict[str, Any]]:
     """Run the program under ``adloader run --`` against ``controller``; its records."""
-    job = controller.run(*command(program, out, size, data), name=program.name)
+    job = controller.run(*command(program, out, size, data), name=program.name, environ=environment())
     code = job.wait(timeout)
     if code != 0:
         raise BenchmarkError(f"{program.name} (adloader run) exited with {code}:\n{job.output()[1][-3000:]}")

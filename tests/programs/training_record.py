@@ -6,8 +6,8 @@ benchmark can compare a run under ``adloader run`` with the same program run pla
 
 A record holds: the samples (dataset indices) the rank received in each epoch, in order; the
 loss of each of its steps; the class of the loader it iterated (the innermost one: Accelerate's
-``DataLoaderShard`` wraps a ``base_dataloader``); the worker counts that loader ran, in the
-order seen; the training loop's wall time and sample count (its throughput), and its pid.
+``DataLoaderShard`` wraps a ``base_dataloader``); the training loop's wall time and sample count
+(its throughput), and its pid.
 """
 from __future__ import annotations
 
@@ -37,7 +37,6 @@ class RankRecord:
         self.world_size = world_size
         self.epochs: list[list[int]] = []
         self.losses: list[float] = []
-        self.workers_seen: list[int] = []
         self.loader_class = ""
         self._started: float | None = None
         self._ended: float | None = None
@@ -52,11 +51,7 @@ class RankRecord:
     def step(self, loader: object, indices: Iterable[int], loss: float) -> None:
         """One training step over the samples ``indices`` from ``loader``, with its loss."""
         self._ended = time.perf_counter()
-        inner = innermost_loader(loader)
-        self.loader_class = class_name(inner)
-        workers = int(getattr(inner, "num_workers", -1))
-        if not self.workers_seen or self.workers_seen[-1] != workers:
-            self.workers_seen.append(workers)
+        self.loader_class = class_name(innermost_loader(loader))
         if not self.epochs:
             self.epoch()
         self.epochs[-1].extend(int(i) for i in indices)
@@ -70,7 +65,7 @@ class RankRecord:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({
             "rank": self.rank, "world_size": self.world_size, "pid": os.getpid(),
-            "loader_class": self.loader_class, "workers_seen": self.workers_seen,
+            "loader_class": self.loader_class,
             "epochs": self.epochs, "losses": self.losses, "samples": samples,
             "wall_s": (self._ended or 0.0) - (self._started or 0.0),
         }))
