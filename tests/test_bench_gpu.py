@@ -66,7 +66,7 @@ def test_the_dry_run_checks_every_part_and_writes_a_sane_summary(tmp_path: Path)
     assert model["points"] == len(DRY_RUN.model_points) and len(model["families"]) == 3
     assert model["fitted_lofo_mean_ape"] >= 0.0 and model["prior_mean_ape"] >= 0.0
     node = summary["node"]
-    assert node["mix"] == "gpu-check-tiny" and node["jobs"] == 2
+    assert node["mix"] == "gpu-check-tiny" and node["jobs"] == 2 and node["stages_done"] == 2
     for ratio in ("adaptive_vs_static_gpu_busy", "adaptive_vs_even_gpu_busy", "adaptive_vs_oracle_gpu_busy"):
         assert 0.2 < node[ratio] < 5.0, (ratio, node[ratio])
     assert set(node["gpu_busy"]) >= {"static", "even", "adaptive", "oracle"}
@@ -98,6 +98,7 @@ def test_a_part_that_fails_or_overruns_is_recorded_and_the_others_still_run(tmp_
         raise RuntimeError("a CUDA error in one part")
 
     def overruns() -> dict:
+        (tmp_path / "second.json").write_text(json.dumps({"kept": 1}))  # its result so far, as the node part keeps
         time.sleep(30)
         return {}
 
@@ -109,6 +110,7 @@ def test_a_part_that_fails_or_overruns_is_recorded_and_the_others_still_run(tmp_
         device.close()
     assert summary["parts"]["first"]["status"] == "error" and "a CUDA error" in summary["parts"]["first"]["error"]
     assert summary["parts"]["second"]["status"] == "timeout" and summary["parts"]["second"]["seconds"] < 5
+    assert summary["second"] == {"partial": True, "kept": 1}, "what a stopped part kept is summarised"
     assert summary["parts"]["third"]["status"] == "ok" and summary["third"] == {"value": 1.5}
     assert not summary["ok"]
     assert "RuntimeError" in (tmp_path / "first.error.txt").read_text()

@@ -5,19 +5,21 @@ jobs through ``adloader run`` over real JPEG loading), its jobs' GPU steps made 
 bench/gpu_step.py: on a GPU every job trains a small zoo model on it, all of them sharing the
 one device, each step held to the mix's compute time; the jobs' ``gpu_late_s`` says whether
 the GPU ever was the limit. Reported: adaptive against static, even and the oracle (GPU busy),
-each policy's GPU busy, and adaptive's settling time.
+each policy's GPU busy, and adaptive's settling time. The oracle runs in a benchmark of its
+own, after the others, so that a run stopped at its budget keeps what came before.
 """
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from bench import node
-from bench.mix import load_mix
+from bench import node, report
+from bench.mix import Mix, load_mix
 from bench.runner import RunOutcome
 
-POLICIES = ("static", "even", "adaptive", "oracle")
+STAGES = (("static", "even", "adaptive"), ("oracle",))
+"""The policies, in two benchmarks: the oracle's (its true curves measured first) last."""
 
 
 def late_seconds(runs: list[RunOutcome]) -> dict[str, float]:
@@ -29,33 +31,47 @@ def late_seconds(runs: list[RunOutcome]) -> dict[str, float]:
     return late
 
 
-def run(mix_path: Path, scale: float, cpus: str, compute: str, cache: Path, workdir: Path | None = None,
-        progress=print) -> dict[str, Any]:
+def run(mix_path: Path, scale: float, cpus: str, compute: str, cache: Path,
+        keep: Callable[[dict[str, Any]], None] = lambda result: None, workdir: Path | None = None,
+        progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """The benchmark in :data:`STAGES`, one run per policy; ``keep`` gets the result so far after
+    each stage, so that a run stopped in the oracle's stage keeps the others' figures."""
     mix = load_mix(mix_path)
     if scale != 1.0:
         mix = mix.scaled(scale)
     setup = node.node_setup(mix, cpus, None, cache, compute=compute)
+    documents: list[dict[str, Any]] = []
+    late: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="adloader-gpu-node-", dir=workdir) as directory:
-        runs, document = node.benchmark(mix, POLICIES, 1, setup, cache, Path(directory),
-                                        progress=lambda policy, elapsed, jobs, snapshot: None)
-    policies = document["policies"]
-    ratios = document["ratios"].get("adaptive", {})
-    result = {
-        "mix": mix.name, "scale": scale, "cpus": cpus, "jobs": len(mix.jobs), "gpu_step": document["benchmark"],
+        for stage in STAGES:
+            runs, document = node.benchmark(mix, stage, 1, setup, cache, Path(directory),
+                                            progress=lambda policy, elapsed, jobs, snapshot: None)
+            documents.append(document)
+            late.update(late_seconds(runs))
+            result = _result(mix, scale, cpus, compute, documents, late)
+            keep(result)
+    progress(f"  node benchmark ({mix.name} x{scale:g}, {compute}): adaptive/static "
+             f"{_shown(result['adaptive_vs_static_gpu_busy'])}, /even {_shown(result['adaptive_vs_even_gpu_busy'])}, "
+             f"/oracle {_shown(result['adaptive_vs_oracle_gpu_busy'])}, settle {result['settle_s']} s")
+    return result
+
+
+def _result(mix: Mix, scale: float, cpus: str, compute: str, documents: list[dict[str, Any]],
+            late: dict[str, float]) -> dict[str, Any]:
+    policies = {label: summary for document in documents for label, summary in document["policies"].items()}
+    ratios = report.ratios(policies).get("adaptive", {})
+    return {
+        "mix": mix.name, "scale": scale, "cpus": cpus, "jobs": len(mix.jobs), "gpu_step": documents[0]["benchmark"],
         "shared_gpu": "every job trains on the one GPU of this machine" if compute == "cuda" else None,
         "adaptive_vs_static_gpu_busy": ratios.get("vs_static", {}).get("gpu_busy"),
         "adaptive_vs_even_gpu_busy": ratios.get("vs_even", {}).get("gpu_busy"),
         "adaptive_vs_oracle_gpu_busy": ratios.get("vs_oracle", {}).get("gpu_busy"),
         "gpu_busy": {label: summary["gpu_busy"] for label, summary in policies.items()},
         "settle_s": policies.get("adaptive", {}).get("settle_s"),
-        "gpu_late_s": late_seconds(runs),
-        "goals": document["goals"],
-        "document": document,
+        "gpu_late_s": late,
+        "stages_done": len(documents),
+        "documents": documents,
     }
-    progress(f"  node benchmark ({mix.name} x{scale:g}, {compute}): adaptive/static "
-             f"{_shown(result['adaptive_vs_static_gpu_busy'])}, /even {_shown(result['adaptive_vs_even_gpu_busy'])}, "
-             f"/oracle {_shown(result['adaptive_vs_oracle_gpu_busy'])}, settle {result['settle_s']} s")
-    return result
 
 
 def _shown(value: float | None) -> str:

@@ -47,8 +47,10 @@ def deadline(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def parts(device: CheckDevice, sizes: Sizes, progress: Callable[[str], None]) -> dict[str, Callable[[], dict]]:
-    """Each part as a call, in the order they run (the node benchmark, the longest, last)."""
+def parts(device: CheckDevice, sizes: Sizes, out: Path, progress: Callable[[str], None]
+          ) -> dict[str, Callable[[], dict]]:
+    """Each part as a call, in the order they run (the node benchmark, the longest, last, keeping
+    its result so far in DIR/node.json as it goes)."""
     points = None if sizes.model_points is None else [(zoo_model(name), batch) for name, batch in sizes.model_points]
     return {
         "data_wait": lambda: data_wait.run(device, sizes.data_wait_steps, progress=progress),
@@ -57,8 +59,9 @@ def parts(device: CheckDevice, sizes: Sizes, progress: Callable[[str], None]) ->
         "resize": lambda: resize.run(device, sizes.resize_samples, progress=progress),
         "throughput_model": lambda: model_fit.run(device, sizes.model_budget_s, points, steps=sizes.model_steps,
                                                   progress=progress),
-        "node": lambda: node_check.run(sizes.node_mix, sizes.node_scale, sizes.node_cpus,
-                                                 sizes.node_compute, CACHE_DIR, progress=progress),
+        "node": lambda: node_check.run(sizes.node_mix, sizes.node_scale, sizes.node_cpus, sizes.node_compute,
+                                       CACHE_DIR, keep=lambda result: _write(out / "node.json", result),
+                                       progress=progress),
     }
 
 
@@ -69,7 +72,7 @@ SUMMARY_KEYS = {
                "samples", "schedule"),
     "throughput_model": ("points", "families", "prior_mean_ape", "prior_basis", "fitted_lofo_mean_ape",
                          "fitted_lofo_p90_ape", "roofline_prior_mean_ape"),
-    "node": ("mix", "scale", "cpus", "jobs", "gpu_step", "shared_gpu", "adaptive_vs_static_gpu_busy",
+    "node": ("stages_done", "mix", "scale", "cpus", "jobs", "gpu_step", "shared_gpu", "adaptive_vs_static_gpu_busy",
                        "adaptive_vs_even_gpu_busy", "adaptive_vs_oracle_gpu_busy", "gpu_busy", "settle_s",
                        "gpu_late_s"),
 }
@@ -90,7 +93,7 @@ def run_all(device: CheckDevice, sizes: Sizes, out: Path, only: list[str] | None
     if device.emulated:
         summary["note"] = ("dry run: no GPU; the device is emulated (a thread sleeping through queued work) and the "
                            "CPU clock stands in for CUDA events; no figure here is a GPU's")
-    for name, call in (calls or parts(device, sizes, progress)).items():
+    for name, call in (calls or parts(device, sizes, out, progress)).items():
         if only and name not in only:
             continue
         left = total_s - (time.monotonic() - started)
@@ -101,17 +104,22 @@ def run_all(device: CheckDevice, sizes: Sizes, out: Path, only: list[str] | None
             continue
         progress(f"[{time.monotonic() - started:5.0f} s] {name} (budget {budget:.0f} s)")
         part_started = time.monotonic()
+        raw = out / f"{name}.json"
+        raw.unlink(missing_ok=True)  # a part may keep its result so far there as it goes
         status: dict[str, Any] = {"status": "ok"}
         try:
             with deadline(budget):
                 result = call()
-            _write(out / f"{name}.json", result)
+            _write(raw, result)
             summary[name] = {key: result.get(key) for key in SUMMARY_KEYS.get(name, result)}
         except (Exception, PartTimeout) as exc:  # noqa: BLE001 - see the module docstring
             status = {"status": "timeout" if isinstance(exc, PartTimeout) else "error",
                       "error": f"{type(exc).__name__}: {exc}"[:500]}
             (out / f"{name}.error.txt").write_text(traceback.format_exc())
             progress(f"  {name} FAILED: {status['error']}")
+            if raw.exists():
+                kept = json.loads(raw.read_text())
+                summary[name] = {"partial": True, **{key: kept.get(key) for key in SUMMARY_KEYS.get(name, kept)}}
         status["seconds"] = round(time.monotonic() - part_started, 1)
         summary["parts"][name] = status
         summary["wall_s"] = round(time.monotonic() - started, 1)
