@@ -220,6 +220,9 @@ def test_an_unchanged_torch_script_under_adloader_run_reports_and_follows_the_ta
                       and s.workers_target and s, 60.0, f"the plain torch job to report; log:\n{controller.log()}")
     wait_until(lambda: (s := controller.job(job_id)) and s.samples_total > snap.samples_total, 60.0,
                "more samples after the target was set")
+    # Described at its first optimizer step (it never calls describe_model): the controller predicts its M.
+    wait_until(lambda: (s := controller.job(job_id)) and s.max_sps_predicted, 30.0,
+               f"a prediction from the job's own model; log:\n{controller.log()}")
     stop.touch()
     assert job.wait(60) == 0, job.output()
     record = json.loads(out.read_text())

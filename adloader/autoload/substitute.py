@@ -23,6 +23,18 @@ def install() -> None:
     when_imported("torch", _substitute)
 
 
+def describe_at_first_step() -> None:
+    """Describe the job's model at its first optimizer step (adloader.autodescribe), once torch is
+    imported: a job under ``adloader run`` never calls ``describe_model`` itself."""
+    when_imported("torch", _install_describer)
+
+
+def _install_describer(_torch: ModuleType) -> None:
+    from adloader import autodescribe
+
+    autodescribe.install()
+
+
 def _substitute(_torch: ModuleType) -> None:
     from adloader.dataloader import loader
 

@@ -2,7 +2,8 @@
 
 Python imports it as ``sitecustomize`` at the start of every process of the job. In a managed
 job with the substitution on (adloader/env.py), it arranges that torch's DataLoader becomes
-adloader's once torch is imported (adloader.autoload), then runs the environment's own
+adloader's once torch is imported (adloader.autoload), and the job's model is described at
+its first optimizer step (adloader.autodescribe), then runs the environment's own
 ``sitecustomize``, the next one on ``sys.path`` after this directory, so a site's or a
 virtualenv's start-up code still runs. It imports neither torch nor anything heavy.
 """
@@ -21,6 +22,7 @@ def _start_substitution() -> None:
         from adloader.autoload import substitute
 
         substitute.install()
+        substitute.describe_at_first_step()
 
 
 def _chain_to_next_sitecustomize() -> None:
