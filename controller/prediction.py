@@ -41,7 +41,9 @@ def predicted_max_throughput(
     corpus: Path | None = None,
     min_history: int = MIN_HISTORY,
 ) -> tuple[float, float, float] | None:
-    """(M, low, high) samples/s for a job with ``features`` on ``gpus`` x ``device``, or None."""
+    """(M, low, high) samples/s for a job with ``features`` on ``gpus`` x ``device``, or None. Earlier
+    runs are looked up with the job's own GPU count (0 for a job without a GPU, as its runs were
+    recorded); the model counts such a job as one device (it computes where it runs)."""
     if not features:
         return None
     if history is not None:
@@ -52,7 +54,7 @@ def predicted_max_throughput(
                      recurring.max_throughput)
             return recurring.max_throughput, low, high
     try:
-        prediction = predict(features, gpus=gpus, device=device, corpus=corpus)
+        prediction = predict(features, gpus=max(1, gpus), device=device, corpus=corpus)
     except ThroughputModelError as exc:
         log.warning("no throughput prediction (%s); the job starts unpredicted", exc)
         return None
@@ -76,7 +78,7 @@ def history_ratios(history: JobHistory, device: str, corpus: Path | None = None)
     ratios = []
     for record in history.records(device=device):
         try:
-            model = predict(record.features or {}, gpus=record.gpus, device=device, corpus=corpus).samples_per_s
+            model = predict(record.features or {}, gpus=max(1, record.gpus), device=device, corpus=corpus).samples_per_s
         except ThroughputModelError:
             continue
         if model > 0 and record.measured_sps:
@@ -95,5 +97,5 @@ class ThroughputPredictor:
         self.min_history = min_history
 
     def __call__(self, features: dict[str, float], gpus: int) -> tuple[float, float, float] | None:
-        return predicted_max_throughput(features, max(1, gpus), self.device, self.history, corpus=self.corpus,
+        return predicted_max_throughput(features, gpus, self.device, self.history, corpus=self.corpus,
                                         min_history=self.min_history)
