@@ -23,6 +23,7 @@ runs, so the benchmark and the test start the same commands.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -68,12 +69,15 @@ class Program:
     its own second rank)."""
     images: bool = False
     """It trains over a folder of JPEG files (``--data``)."""
+    bench_samples: int = 2048
+    """Samples an epoch in the benchmark: a few seconds of training on 2 idle cores, so that the
+    workers' start at each epoch weighs as in a real run, not the whole measurement."""
 
 
 PROGRAMS: dict[str, Program] = {p.name: p for p in (
     Program("hf_trainer", "hf_trainer.py", ranks=1, framework="transformers"),
-    Program("accelerate", "accelerate_loop.py", ranks=1, framework="accelerate"),
-    Program("lightning_ddp", "lightning_ddp.py", ranks=2, framework="lightning"),
+    Program("accelerate", "accelerate_loop.py", ranks=1, framework="accelerate", bench_samples=8192),
+    Program("lightning_ddp", "lightning_ddp.py", ranks=2, framework="lightning", bench_samples=8192),
     Program("torchrun_jpeg", "torchrun_jpeg.py", ranks=2, framework="PIL", torchrun=True, images=True),
 )}
 
@@ -149,9 +153,10 @@ def run_plain(program: Program, out: Path, size: Size, data: Path | None, timeou
 
 
 def run_managed(controller: ControllerProcess, program: Program, out: Path, size: Size, data: Path | None,
-                timeout: float) -> list[dict[str, Any]]:
-    """Run the program under ``adloader run --`` against ``controller``; its records."""
-    job = controller.run(*command(program, out, size, data), name=program.name, environ=environment())
+                timeout: float, options: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Run the program under ``adloader run [options] --`` against ``controller``; its records."""
+    job = controller.run(*command(program, out, size, data), name=program.name, environ=environment(),
+                         options=options)
     code = job.wait(timeout)
     if code != 0:
         raise BenchmarkError(f"{program.name} (adloader run) exited with {code}:\n{job.output()[1][-3000:]}")
@@ -164,13 +169,18 @@ def same_training(plain: Sequence[dict[str, Any]], managed: Sequence[dict[str, A
 
 
 def measure(program: Program, controller: ControllerProcess, work: Path, size: Size, repeats: int,
-            timeout: float) -> dict[str, Any]:
-    """``repeats`` pairs of runs, plain then adloader; per-run samples/s and the ratios."""
+            timeout: float, launcher_only: bool = False) -> dict[str, Any]:
+    """``repeats`` pairs of runs, plain then adloader; per-run samples/s and the ratios. With
+    ``launcher_only``, each repeat also runs ``adloader run --no-substitute`` (managed placement,
+    torch's loader), which tells the launcher's and cgroup's share of a gap from the loader's."""
     data = jpeg_folder(work / "jpeg", size) if program.images else None
-    plain_sps, managed_sps, same = [], [], []
+    plain_sps, managed_sps, launcher_sps, same = [], [], [], []
     for repeat in range(repeats):
         plain = run_plain(program, work / f"{program.name}-{repeat}-plain", size, data, timeout)
         managed = run_managed(controller, program, work / f"{program.name}-{repeat}-adloader", size, data, timeout)
+        if launcher_only:
+            launcher_sps.append(throughput(run_managed(controller, program, work / f"{program.name}-{repeat}-launcher",
+                                                       size, data, timeout, options=("--no-substitute",))))
         classes = {r["loader_class"] for r in plain}, {r["loader_class"] for r in managed}
         if classes != ({TORCHS}, {OURS}):
             raise BenchmarkError(f"{program.name}: plain runs loaded through {classes[0]}, managed runs through "
@@ -182,36 +192,50 @@ def measure(program: Program, controller: ControllerProcess, work: Path, size: S
                  plain_sps[-1], managed_sps[-1])
     ratios = [m / p for m, p in zip(managed_sps, plain_sps)]
     median = statistics.median(ratios)
-    return {"ranks": program.ranks, "plain_sps": plain_sps, "adloader_sps": managed_sps, "ratios": ratios,
-            "ratio_median": median, "meets_goal": median >= GOAL, "same_training": all(same)}
+    result = {"ranks": program.ranks, "plain_sps": plain_sps, "adloader_sps": managed_sps, "ratios": ratios,
+              "ratio_median": median, "meets_goal": median >= GOAL, "same_training": all(same)}
+    if launcher_only:
+        result["launcher_only_sps"] = launcher_sps
+        result["launcher_only_ratio_median"] = statistics.median(m / p for m, p in zip(launcher_sps, plain_sps))
+    return result
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
-    lines = [f"{'program':<15} {'plain samples/s':>16} {'adloader samples/s':>19} {'ratio (median)':>15}  same training",
-             "-" * 82]
+    """The results as a text table: median samples/s each way, the median ratio, whether the
+    runs trained alike (and the --no-substitute ratio where measured)."""
+    launcher = any("launcher_only_ratio_median" in r for r in results.values())
+    head = f"{'program':<15} {'plain samples/s':>16} {'adloader samples/s':>19} {'ratio (median)':>15}  same training"
+    lines = [head + ("  --no-substitute ratio" if launcher else ""), "-" * (len(head) + (23 if launcher else 0))]
     for name, r in results.items():
-        lines.append(f"{name:<15} {statistics.median(r['plain_sps']):>16.1f} {statistics.median(r['adloader_sps']):>19.1f} "
-                     f"{r['ratio_median']:>14.3f}{'' if r['meets_goal'] else '*'}  {'yes' if r['same_training'] else 'NO'}")
+        plain, ours = statistics.median(r["plain_sps"]), statistics.median(r["adloader_sps"])
+        line = (f"{name:<15} {plain:>16.1f} {ours:>19.1f} {r['ratio_median']:>14.3f}{' ' if r['meets_goal'] else '*'}"
+                f"  {'yes' if r['same_training'] else 'NO':<13}")
+        if "launcher_only_ratio_median" in r:
+            line += f"  {r['launcher_only_ratio_median']:>21.3f}"
+        lines.append(line)
     lines.append(f"ratio goal >= {GOAL} (* below it); each program with its own workers both ways, static policy")
     return "\n".join(lines)
 
 
 def installed(program: Program) -> bool:
-    import importlib.util
-
     return importlib.util.find_spec(program.framework) is not None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.unchanged_programs", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=None, help="write the JSON document here")
-    parser.add_argument("--programs", default=",".join(PROGRAMS), help=f"comma-separated subset of {','.join(PROGRAMS)}")
+    parser.add_argument("--programs", default=",".join(PROGRAMS),
+                        help=f"comma-separated subset of {','.join(PROGRAMS)}")
     parser.add_argument("--repeats", type=int, default=3, help="pairs of runs per program (default 3)")
-    parser.add_argument("--samples", type=int, default=1024, help="samples per epoch (JPEG files for torchrun_jpeg)")
+    parser.add_argument("--samples", type=int, default=None,
+                        help="samples per epoch, JPEG files for torchrun_jpeg (default: each program's, "
+                        f"{', '.join(f'{p.name} {p.bench_samples}' for p in PROGRAMS.values())})")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--num-workers", type=int, default=2, help="each program's own workers, both ways")
     parser.add_argument("--px", type=int, default=64, help="side torchrun_jpeg resizes its images to")
+    parser.add_argument("--launcher-only", action="store_true",
+                        help="also run each program under adloader run --no-substitute (a diagnosis of a gap)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take")
     parser.add_argument("--work-dir", type=Path, default=None, help="where records and images go (default: a temp dir)")
     args = parser.parse_args(argv)
@@ -229,14 +253,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     missing = [n for n in names if not installed(PROGRAMS[n])]
     if missing:
         parser.error(f"{missing} need(s) frameworks that are not installed: ./install.sh --test installs them")
-    size = Size(samples=args.samples, epochs=args.epochs, batch_size=args.batch_size, num_workers=args.num_workers,
+    size = Size(epochs=args.epochs, batch_size=args.batch_size, num_workers=args.num_workers,
                 px=args.px)
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="adl-unchanged-"))
     cleanup = Cleanup()
     started, load = time.time(), os.getloadavg()[0]
     try:
         controller = cleanup.new_controller(("--policy", "static"), 1.0, base_environment()).start()
-        results = {name: measure(PROGRAMS[name], controller, work, size, args.repeats, args.timeout) for name in names}
+        results = {name: measure(PROGRAMS[name], controller, work,
+                                 replace(size, samples=args.samples or PROGRAMS[name].bench_samples), args.repeats,
+                                 args.timeout, args.launcher_only)
+                   for name in names}
     finally:
         cleanup.run()
         if args.work_dir is None:
@@ -246,7 +273,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "command": "python -m bench.unchanged_programs " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": machine.describe() | {"load_average_1m_at_start": load},
         "wall_s": round(time.time() - started, 1),
-        "size": size.__dict__, "repeats": args.repeats, "policy": "static", "goal_ratio": GOAL,
+        "size": size.__dict__ | {"samples": {n: args.samples or PROGRAMS[n].bench_samples for n in names}},
+        "repeats": args.repeats, "policy": "static", "goal_ratio": GOAL,
         "programs": results,
     }
     if args.out is not None:

@@ -94,9 +94,10 @@ def test_an_unchanged_program_is_managed_follows_targets_and_trains_as_without_a
         assert delivered == list(range(SIZE.samples)), f"epoch {epoch}: not every sample exactly once"
     alone, shared = targets(program)
     if alone == shared:
-        pytest.skip(f"checked all but a raised target: its workers followed the target of {alone} a rank (below the "
-                    f"{SIZE.num_workers} it asks for), but a {program.ranks}-rank job gets {alone} a rank from the even "
-                    f"policy alone and beside another job alike on a node of {len(online_cpus())} CPUs (it takes 3)")
+        pytest.skip(f"checked all but a raised target: its workers followed the target of {alone} a rank (below "
+                    f"the {SIZE.num_workers} it asks for), but a {program.ranks}-rank job gets {alone} a rank from the "
+                    f"even policy alone and beside another job alike on a node of {len(online_cpus())} CPUs "
+                    "(it takes 3)")
 
 
 def targets(program: Program) -> tuple[int, int]:
