@@ -6,14 +6,15 @@ and reports per rule: GPU busy against all rules on (worst and median over the m
 slowest settle after an arrival or departure, and allocation changes per job-minute. A rule
 whose removal moves GPU busy by less than ``NO_EFFECT_BUSY`` on every mix, and settle and
 changes by no more than ``SETTLE_NOISE_S`` and ``CHANGES_NOISE``, is listed as a candidate
-for removal.
+for removal; one without which no mix did worse (but some did better) is listed apart.
 
 ``--simulated``: the real policy on the node model (bench/sim_node.py), SIMULATED and
 deterministic (the machine's load changes only the wall time). ``--mixes reality`` (default):
 the measured 2-core mixes that ``python -m bench.simulate`` checks against reality (the shipped
 mixes and the seeded random ones, replayed with what their runs measured), ``--seeds`` each;
-``--mixes all``: every mix ``bench.simulate`` runs besides (8-GPU scale, crossing phases,
-2-core phase mixes, crossing pairs; hours on two cores).
+``--mixes generated``: the seeded mixes ``bench.simulate`` generates (8-GPU scale, crossing phases,
+2-core phase mixes, crossing pairs; ``--per-row`` caps each row's seeds); ``--mixes all``: both
+(hours on two cores).
 
 ``--node``: ``adloader bench`` (GPU-emulated) on shipped mix files under ``adaptive``, once with
 every rule and once per rule off (``adloader bench --without``), ``--repeats`` each. Run it alone
@@ -50,7 +51,7 @@ CHANGES_NOISE = 0.1
 METRICS = ("gpu_busy", "settle_s", "changes_per_job_minute")
 """What is compared per mix: GPU-weighted busy, slowest settle after an arrival or departure,
 allocation changes per job-minute."""
-MIX_SETS = ("reality", "all")
+MIX_SETS = ("reality", "generated", "all")
 NODE_MIXES = ("adloader_like.json", "real_node.json", "periodic_eval.json", "jct_lengths.json",
               "crossing_pair_sharp.json")
 """The shipped 2-core mixes the node ablation runs by default (bench/mixes/)."""
@@ -67,13 +68,16 @@ class SimMix:
     seed: int
 
 
-def simulated_mixes(which: str, seeds: int, period_s: float = 1.0, settle_period_s: float = 0.5) -> list[SimMix]:
-    """The mixes of ``which`` (MIX_SETS), each measured one ``seeds`` times (their seeds 0, 1, ...);
-    the generated mixes of ``all`` once each, at the seed ``bench.simulate`` gives them."""
+def simulated_mixes(which: str, seeds: int, per_row: int | None = None, period_s: float = 1.0,
+                    settle_period_s: float = 0.5) -> list[SimMix]:
+    """The mixes of ``which`` (MIX_SETS): ``reality``, each measured mix ``seeds`` times (seeds 0,
+    1, ...); ``generated``, the seeded mixes of ``bench.simulate``'s rows (the first ``per_row`` of
+    each row; None: as many as it runs) and its crossing pairs; ``all``, both."""
     mixes = []
-    for document in measured_documents():
-        jobs, node = jobs_from_measured_mix(document)
-        mixes += [SimMix(f"{document['mix']['name']}#{seed}", node, tuple(jobs), seed) for seed in range(seeds)]
+    if which != "generated":
+        for document in measured_documents():
+            jobs, node = jobs_from_measured_mix(document)
+            mixes += [SimMix(f"{document['mix']['name']}#{seed}", node, tuple(jobs), seed) for seed in range(seeds)]
     if which == "reality":
         return mixes
 
@@ -88,7 +92,7 @@ def simulated_mixes(which: str, seeds: int, period_s: float = 1.0, settle_period
     ]
     for label, node, make, n, count in generated:
         mixes += [SimMix(f"{label}-{seed}", node, tuple(make(int(node.cores), n, seed)), seed)
-                  for seed in range(1, count + 1)]
+                  for seed in range(1, min(count, per_row or count) + 1)]
     mixes += [SimMix(f"pair-{need:g}-{factor:g}", two_cores, tuple(crossing_pair(need, factor)), 1)
               for need, factor in CROSSING_PAIRS]
     return mixes
@@ -105,8 +109,8 @@ def simulated_scores(mix: SimMix, rules: AdaptiveRules) -> dict[str, float]:
 def effect(on: Mapping[str, Mapping[str, float]], off: Mapping[str, Mapping[str, float]]) -> dict[str, Any]:
     """What turning a rule off did, over the mixes both ran: GPU busy as a ratio to all rules on
     (worst, median, best, and the mixes it moved by NO_EFFECT_BUSY or more), the slowest settle
-    and the median changes per job-minute with and without it, and whether that is a candidate
-    for removal."""
+    and the median changes per job-minute with and without it; whether that is a candidate for
+    removal (no measurable effect), and whether no mix did worse without it (busy, settle, changes)."""
     names = [name for name in on if name in off]
     if not names:
         return {"mixes": 0}
@@ -117,7 +121,8 @@ def effect(on: Mapping[str, Mapping[str, float]], off: Mapping[str, Mapping[str,
     settle_moved = sorted(name for name in names if abs(off[name]["settle_s"] - on[name]["settle_s"]) > SETTLE_NOISE_S)
     changes = {side: statistics.median(runs[name]["changes_per_job_minute"] for name in names)
                for side, runs in (("on", on), ("off", off))}
-    same_changes = abs(changes["off"] - changes["on"]) <= max(0.05, CHANGES_NOISE * changes["on"])
+    changes_noise = max(0.05, CHANGES_NOISE * changes["on"])
+    slower = [name for name in settle_moved if off[name]["settle_s"] > on[name]["settle_s"]]
     return {
         "mixes": len(names),
         "gpu_busy_ratio_worst": min(ratios.values()),
@@ -126,9 +131,13 @@ def effect(on: Mapping[str, Mapping[str, float]], off: Mapping[str, Mapping[str,
         "mixes_moved": {name: ratios[name] for name in moved},
         "settle_s_slowest": settle,
         "mixes_settle_moved": {name: [on[name]["settle_s"], off[name]["settle_s"]] for name in settle_moved},
+        "mixes_settled_slower": len(slower),
+        "mixes_settled_faster": len(settle_moved) - len(slower),
         "changes_per_job_minute_median": changes,
         "identical": all(on[name] == off[name] for name in names),
-        "candidate_for_removal": not moved and not settle_moved and same_changes,
+        "candidate_for_removal": not moved and not settle_moved and abs(changes["off"] - changes["on"]) <= changes_noise,
+        "never_worse_without": min(ratios.values()) > 1 - NO_EFFECT_BUSY and not slower
+        and changes["off"] <= changes["on"] + changes_noise,
     }
 
 
@@ -143,8 +152,9 @@ def ablate(mixes: Sequence[str], rules: Sequence[str], run: Callable[[str, Adapt
         off = {mix: scores for mix in on if (scores := run(mix, AdaptiveRules().without([rule]))) is not None}
         document["without"][rule] = {"effect": effect(on, off), "mixes": off}
         checkpoint(document)
-    document["candidates_for_removal"] = [rule for rule, entry in document["without"].items()
-                                          if entry["effect"].get("candidate_for_removal")]
+    for listed, verdict in (("candidates_for_removal", "candidate_for_removal"),
+                            ("never_worse_without", "never_worse_without")):
+        document[listed] = [rule for rule, entry in document["without"].items() if entry["effect"].get(verdict)]
     return document
 
 
@@ -152,7 +162,7 @@ def table(document: Mapping[str, Any], label: str) -> list[str]:
     """The printed summary: one line per rule."""
     lines = [f"{label}: adaptive with each rule off, against all rules on ({len(document['all_on'])} mixes)",
              f"{'rule off':<24} {'busy worst':>10} {'median':>7} {'best':>7} {'moved':>5} {'settle on->off':>15} "
-             f"{'settle moved':>12} {'chg/job-min on->off':>19}  candidate"]
+             f"{'slower/faster':>13} {'chg/job-min on->off':>19}  verdict"]
     for rule, entry in document["without"].items():
         e = entry["effect"]
         if not e.get("mixes"):
@@ -162,11 +172,23 @@ def table(document: Mapping[str, Any], label: str) -> list[str]:
         lines.append(f"{rule:<24} {e['gpu_busy_ratio_worst']:>9.3f}x {e['gpu_busy_ratio_median']:>6.3f}x "
                      f"{e['gpu_busy_ratio_best']:>6.3f}x "
                      f"{len(e['mixes_moved']):>5} {settle['on']:>6.1f} -> {settle['off']:>4.1f}s "
-                     f"{len(e['mixes_settle_moved']):>12} {changes['on']:>8.2f} -> {changes['off']:>5.2f}  "
-                     f"{'yes' + (' (identical)' if e['identical'] else '') if e['candidate_for_removal'] else 'no'}")
-    lines.append(f"moved: mixes whose GPU busy moved by {100 * NO_EFFECT_BUSY:g}% or more; settle moved: whose slowest "
-                 f"settle moved by more than {SETTLE_NOISE_S:g} s")
+                     f"{e['mixes_settled_slower']:>6}/{e['mixes_settled_faster']:<6} {changes['on']:>8.2f} -> "
+                     f"{changes['off']:>5.2f}  "
+                     f"{verdict_of(e)}")
+    lines.append(f"moved: mixes whose GPU busy moved by {100 * NO_EFFECT_BUSY:g}% or more; slower/faster: whose slowest "
+                 f"settle after an arrival or departure moved by more than {SETTLE_NOISE_S:g} s")
     return lines
+
+
+def verdict_of(effect: Mapping[str, Any]) -> str:
+    """In words: what turning the rule off did."""
+    if effect["identical"]:
+        return "no effect (identical runs)"
+    if effect["candidate_for_removal"]:
+        return "no measurable effect"
+    if effect["never_worse_without"]:
+        return "never worse without it"
+    return "worse without it on some mix"
 
 
 # ---------------------------------------------------------------------------------------- node
@@ -214,6 +236,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help=f"--simulated: {' or '.join(MIX_SETS)} (default reality); --node: mix files, "
                         f"comma-separated (default bench/mixes/{{{','.join(NODE_MIXES)}}})")
     parser.add_argument("--seeds", type=int, default=3, help="--simulated: seeds per measured mix (default 3)")
+    parser.add_argument("--per-row", type=int, default=None,
+                        help="--simulated: seeded mixes per row of the generated ones (default: bench.simulate's)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N mixes (to time a run)")
     parser.add_argument("--repeats", type=int, default=2, help="--node: adloader bench repeats per run (default 2)")
     parser.add_argument("--scale", type=float, default=None, help="--node: passed to adloader bench (a dry run)")
@@ -228,10 +252,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         which = args.mixes or "reality"
         if which not in MIX_SETS:
             parser.error(f"--mixes {which}: with --simulated give {' or '.join(MIX_SETS)}")
-        by_name = {mix.name: mix for mix in simulated_mixes(which, args.seeds)[:args.limit]}
+        by_name = {mix.name: mix for mix in simulated_mixes(which, args.seeds, args.per_row)[:args.limit]}
         label = "SIMULATED"
         header = {"benchmark": "adaptive's rules, each off alone, SIMULATED (bench/sim_node.py drives the real policy)",
-                  "simulated": True, "mix_set": which, "seeds": args.seeds}
+                  "simulated": True, "mix_set": which, "seeds": args.seeds, "per_row": args.per_row}
 
         def run(name: str, rules_on: AdaptiveRules) -> dict[str, float] | None:
             return simulated_scores(by_name[name], rules_on)
@@ -258,7 +282,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     write_json(args.out, {**header, **document, "wall_s": time.perf_counter() - started})
     for line in table(document, label):
         print(line)
-    print(f"candidates for removal: {', '.join(document['candidates_for_removal']) or 'none'}")
+    print(f"candidates for removal (no measurable effect): {', '.join(document['candidates_for_removal']) or 'none'}")
+    print(f"never worse without: {', '.join(document['never_worse_without']) or 'none'}")
     print(f"results: {args.out}")
     return 0
 

@@ -56,7 +56,7 @@ from bench.replay import (
 from bench.mix import Mix, load_mix
 from bench.report import write_json
 from bench.sim_node import SimJob, SimNode, SimResult, simulate
-from controller.policies import AdaptiveRules, make_policy
+from controller.policies import AdaptiveRules, PolicyError, make_policy
 from controller.policies.base import Policy
 from controller.policies.oracle import OraclePolicy
 from controller.policies.rules import parse_without
@@ -359,7 +359,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--without", default=None, metavar="RULE[,RULE]",
                         help="for an ablation only: adaptive without these rules (controller/policies/rules.py)")
     args = parser.parse_args(argv)
-    rules = parse_without(args.without)
+    try:
+        rules = parse_without(args.without)
+    except PolicyError as exc:
+        parser.error(str(exc))
     if args.mix:
         documents = [mix_figures(load_mix(path), args.policies.split(","), args.seeds, rules) for path in args.mix]
         for document in documents:

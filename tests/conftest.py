@@ -100,7 +100,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "pure": (
         "test_protocol", "test_cpuspec", "test_curves", "test_curve_phases", "test_simulator", "test_policies", "test_policies_properties", "test_bench_mix", "test_bench_first_plans", "test_bench_machine",
         "test_registry", "test_registry_policy_inputs", "test_worker_memory_reads", "test_placement", "test_safety_net", "test_flapping", "test_change_rate",
-        "test_completion_check", "test_outgrown", "test_pending_queue", "test_bench_queue", "test_remaining_lengths", "test_unmanaged_share",
+        "test_completion_check", "test_outgrown", "test_adaptive_rules", "test_pending_queue", "test_bench_queue", "test_remaining_lengths", "test_unmanaged_share",
         "test_history", "test_peer", "test_throughput_model_features", "test_throughput_model_fit",
     ),
     "in_process": ("test_backend_v2", "test_layouts_v2", "test_metrics", "test_controller_in_process"),

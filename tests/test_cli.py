@@ -80,6 +80,8 @@ def test_unknown_command_is_one_line_naming_the_choices() -> None:
         (["controller", "--backend", "nonsense"], "adloader controller", "choose from 'auto', 'cgroup-v1'"),
         (["controller", "--cpus", "0,9999"], "adloader controller", "online CPUs are "),
         (["controller", "--cpus", "x"], "adloader controller", "not a CPU id or a range like '2-5'"),
+        (["controller", "--without", "fast_mode"], "adloader controller", "--without takes a comma-separated list of"),
+        (["bench", "--without", "fast_mode"], "adloader bench", "--without takes a comma-separated list of"),
         (["bench", "--mix", "nonexistent.json"], "adloader bench", str(REPO / "bench" / "mixes")),
         (["bench", "--mix", "/etc/passwd"], "adloader bench", str(REPO / "bench" / "mixes")),
         (["bench", "--cpus", "9999"], "adloader bench", "online CPUs are "),

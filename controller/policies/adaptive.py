@@ -118,9 +118,9 @@ class AdaptivePolicy:
         settle_s: float = 10.0,
         urgent_gain: float = 0.3,
         first_plan_gain: float = 0.02,
-        rules: AdaptiveRules = AdaptiveRules(),
+        rules: AdaptiveRules | None = None,
     ) -> None:
-        self.rules = rules
+        self.rules = AdaptiveRules() if rules is None else rules
         """Which rules around the program are on (all, but in an ablation: controller/policies/rules.py)."""
         self.gain_threshold = gain_threshold
         self.first_plan_gain = first_plan_gain
