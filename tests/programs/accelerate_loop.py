@@ -8,14 +8,13 @@ its record (training_record.py) under ``--out``.
 """
 from __future__ import annotations
 
-import argparse
 
 import torch
 from accelerate import Accelerator
 from torch.utils.data import DataLoader
 
 from program_data import TokenIds
-from training_record import RankRecord, stop_requested
+from training_record import RankRecord, program_arguments, stop_requested
 
 
 class BagClassifier(torch.nn.Module):
@@ -29,13 +28,7 @@ class BagClassifier(torch.nn.Module):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True, help="where the process writes rank<R>.json")
-    parser.add_argument("--epochs", type=int, default=2, help="epochs to train (the most, with --stop-file)")
-    parser.add_argument("--stop-file", default=None, help="end at the first epoch end where this file exists")
-    parser.add_argument("--samples", type=int, default=128)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--num-workers", type=int, default=2)
+    parser = program_arguments()
     args = parser.parse_args()
 
     torch.set_num_threads(1)

@@ -9,13 +9,12 @@ the run at an epoch end once ``--stop-file`` exists.
 """
 from __future__ import annotations
 
-import argparse
 
 import torch
 from transformers import BertConfig, BertForSequenceClassification, Trainer, TrainerCallback, TrainingArguments
 
 from program_data import TokenIds
-from training_record import RankRecord, stop_requested
+from training_record import RankRecord, program_arguments, stop_requested
 
 
 class RecordingTrainer(Trainer):
@@ -46,13 +45,7 @@ class Epochs(TrainerCallback):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True, help="where the process writes rank<R>.json")
-    parser.add_argument("--epochs", type=int, default=2, help="epochs to train (the most, with --stop-file)")
-    parser.add_argument("--stop-file", default=None, help="end at the first epoch end where this file exists")
-    parser.add_argument("--samples", type=int, default=128)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--num-workers", type=int, default=2)
+    parser = program_arguments()
     args = parser.parse_args()
 
     torch.set_num_threads(1)

@@ -15,7 +15,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from program_data import Features
-from training_record import RankRecord, stop_requested
+from training_record import RankRecord, program_arguments, stop_requested
 
 
 class Regression(L.LightningModule):
@@ -50,13 +50,7 @@ class Regression(L.LightningModule):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", required=True, help="where each rank writes rank<R>.json")
-    parser.add_argument("--epochs", type=int, default=2, help="epochs to train (the most, with --stop-file)")
-    parser.add_argument("--stop-file", default=None, help="end at the first epoch end where this file exists")
-    parser.add_argument("--samples", type=int, default=128)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--num-workers", type=int, default=2)
+    parser = program_arguments()
     args = parser.parse_args()
 
     torch.set_num_threads(1)

@@ -8,7 +8,6 @@ over gloo. Each rank writes its record (training_record.py) under ``--out``.
 """
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from PIL import Image
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from training_record import RankRecord, stop_requested
+from training_record import RankRecord, program_arguments, stop_requested
 
 MEAN = torch.tensor([0.485, 0.456, 0.406]).view(3, 1, 1)
 STD = torch.tensor([0.229, 0.224, 0.225]).view(3, 1, 1)
@@ -53,13 +52,8 @@ def model() -> torch.nn.Module:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = program_arguments(samples=False)
     parser.add_argument("--data", required=True, help="a folder of .jpg files")
-    parser.add_argument("--out", required=True, help="where each rank writes rank<R>.json")
-    parser.add_argument("--epochs", type=int, default=2, help="epochs to train (the most, with --stop-file)")
-    parser.add_argument("--stop-file", default=None, help="end at the first epoch end where this file exists")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--px", type=int, default=32, help="side the images are resized to")
     args = parser.parse_args()
 

@@ -11,11 +11,25 @@ loss of each of its steps; the class of the loader it iterated (the innermost on
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import time
 from pathlib import Path
 from typing import Iterable
+
+
+def program_arguments(*, samples: bool = True) -> argparse.ArgumentParser:
+    """The options every program of this directory takes; a program adds its own before parsing."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True, help="where each rank writes rank<R>.json")
+    parser.add_argument("--epochs", type=int, default=2, help="epochs to train (the most, with --stop-file)")
+    parser.add_argument("--stop-file", default=None, help="end at the first epoch end where this file exists")
+    if samples:
+        parser.add_argument("--samples", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--num-workers", type=int, default=2)
+    return parser
 
 
 def innermost_loader(loader: object) -> object:
