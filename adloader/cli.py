@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "controller": ("controller.cli", "run the node daemon in the foreground"),
     "run": ("launcher.cli", "run a training command as a managed job: adloader run -- torchrun ..."),
     "status": ("adloader.status", "show the node's jobs and what each was given"),
+    "workers": ("adloader.workers_command", "pin a job's DataLoader workers, or 'auto': adloader workers JOB N|auto"),
     "demo": ("bench.demo", "short GPU-emulated run of the shipped job mix: adaptive vs even"),
     "bench": ("bench.node", "GPU-emulated node benchmark comparing the policies on a job mix"),
     "model": ("throughput_model.cli", "profile, fit, evaluate and query the throughput model"),

@@ -126,6 +126,21 @@ class SetPolicy(Message):
     policy: str
 
 
+@dataclass(frozen=True)
+class SetWorkers(Message):
+    """Pin a job's DataLoader workers, or give them back to its policy. The job's owner (the uid
+    that registered it) or root. The pin replaces only the workers of the policy's allocation
+    (its cores, weight and bandwidth stay the policy's) and is still capped by what the job's
+    memory holds (controller/worker_pins.py)."""
+
+    TYPE: ClassVar[str] = "set_workers"
+    RANGES: ClassVar[dict[str, tuple[float, float]]] = {"num_workers": (1, 1 << 20)}
+    job_id: str
+    num_workers: int | None
+    """Workers for the whole job, split evenly over its ranks (at least one a rank); None: the
+    policy decides again (``adloader workers JOB auto``)."""
+
+
 # ---------------------------------------------------------------- controller -> job
 
 
@@ -187,6 +202,8 @@ class JobSnapshot:
     workers_target: int | None = None
     workers_running: int = 0
     """Sum over ranks of the workers each loader says it runs."""
+    workers_pinned: int | None = None
+    """Workers, all ranks, an operator pinned the job to (``adloader workers``); None: the policy's."""
     workers_memory_limit: int | None = None
     """Most workers, all ranks, that fit in the job's memory (controller/worker_memory.py); None: not measured."""
     worker_memory_bytes: float | None = None
@@ -284,7 +301,7 @@ class Error(Message):
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.TYPE: cls
-    for cls in (Register, Report, End, StatusRequest, SetPolicy, Registered, Target, Status, Ok, Error)
+    for cls in (Register, Report, End, StatusRequest, SetPolicy, SetWorkers, Registered, Target, Status, Ok, Error)
 }
 
 

@@ -137,6 +137,8 @@ def render_table(snapshot: NodeSnapshot, now: float) -> str:
     for job in snapshot.jobs:
         if job.unmanaged_reason is not None:
             lines.append(unmanaged_text(job))
+        elif job.workers_pinned is not None:
+            lines.append(pinned_text(job))
     for job in snapshot.jobs:
         for field, error in sorted(job.failed_to_apply.items()):
             lines.append(f"! {job.name} ({job.job_id}): {field} not applied, retrying each period: {error}")
@@ -149,6 +151,15 @@ def unmanaged_text(job: JobSnapshot) -> str:
     used = f" (it uses {job.cores_used:.1f})" if job.cores_used is not None else ""
     return (f"! {job.name} ({job.job_id}): unmanaged: {job.unmanaged_reason}. It keeps a fair CPU share from "
             f"what its group uses{used}; its data loading is not planned")
+
+
+def pinned_text(job: JobSnapshot) -> str:
+    """``= train.py (j1a2b3c4): workers pinned to 6 in all ...``: an operator's pin, and what holds
+    the job below it."""
+    held = "" if job.workers_target is None or job.workers_target >= job.workers_pinned else \
+        f" (target {job.workers_target}: an even split over its ranks, within what its memory holds)"
+    return (f"= {job.name} ({job.job_id}): workers pinned to {job.workers_pinned} in all{held}; "
+            f"'adloader workers {job.job_id} auto' gives them back to the policy")
 
 
 def cgroups_text(paths: dict[str, str]) -> str:
@@ -206,6 +217,8 @@ def _job_row(job: JobSnapshot, share: float | None) -> tuple[str, ...]:
         workers = "-"  # no loader of ours: nothing to count or to set
     else:
         workers = f"{job.workers_running}/{job.workers_target if job.workers_target is not None else '-'}"
+        if job.workers_pinned is not None:
+            workers += " pinned"
     return (
         job.name, job.job_id, job.state, str(job.gpus) if job.gpus else "-", _rate(job.achieved_sps), max_sps,
         _percent(job.gpu_idle_ratio), cores_text(job, share),

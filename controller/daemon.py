@@ -35,6 +35,7 @@ from controller.loop import ControlLoop
 from controller.ownership import Holder, Ownership
 from controller.training_processes import TrainingProcesses
 from controller.worker_memory import WorkerMemory
+from controller.worker_pins import max_pin
 from controller.peer import peer_belongs_to_job
 from controller.pending_queue import PendingQueue, queue_source
 from controller.policies import AdaptiveRules, JobAllocation, NodeResources, PolicyError, make_policy, policy_names
@@ -362,6 +363,8 @@ class Controller:
             return self._status()
         if isinstance(message, protocol.SetPolicy):
             return self._set_policy(message, connection)
+        if isinstance(message, protocol.SetWorkers):
+            return self._set_workers(message, connection)
         raise RequestRefused("unknown_type", f"{message.TYPE} is a reply, not a request")
 
     def _register(self, message: protocol.Register, connection: Connection) -> protocol.Message:
@@ -407,13 +410,11 @@ class Controller:
         wanted = self.loop.allocations.get(job.job_id).wanted
         memory = self.loop.worker_memory
         reason = target_reason(self.loop.policy.name, wanted, job.measurement.ranks,
-                               memory.workers_limit(job.job_id) if memory is not None else None)
+                               memory.workers_limit(job.job_id) if memory is not None else None, job.pinned_workers)
         return protocol.Target(num_workers=wanted.workers, reason=reason)
 
     def _end(self, message: protocol.End, connection: Connection) -> protocol.Message:
-        job = self._known_job(message.job_id)
-        if not (connection.peer.is_root or connection.peer.uid == job.uid):
-            raise RequestRefused("forbidden", f"job {job.job_id} belongs to uid {job.uid}; only it or root may end it")
+        job = self._owned_job(message.job_id, connection, "end it")
         self.registry.end(job.job_id, message.exit_code)
         log.info("job %s (%s) ended with exit code %d", job.job_id, job.name, message.exit_code)
         self._notify("departure")
@@ -436,6 +437,26 @@ class Controller:
         self._notify("policy_change")
         return protocol.Ok()
 
+    def _set_workers(self, message: protocol.SetWorkers, connection: Connection) -> protocol.Message:
+        """Pin the job's workers (all ranks) over its policy's, or give them back (None)."""
+        job = self._owned_job(message.job_id, connection, "change its workers")
+        if job.unmanaged_reason is not None:
+            raise RequestRefused("not_managed", f"job {job.job_id} has no loader of adloader's to set workers on "
+                                 f"({job.unmanaged_reason}); see 'adloader status'")
+        ranks = job.measurement.ranks
+        most = max_pin(self.node, ranks)
+        if message.num_workers is not None and message.num_workers > most:
+            raise RequestRefused("bad_workers", f"job {job.job_id} can run at most {most} workers "
+                                 f"({self.node.max_workers_per_job} a rank, {ranks} rank(s)): give 1 to {most}, "
+                                 "or 'auto' to let the policy decide")
+        if self.registry.pin_workers(job.job_id, message.num_workers):
+            peer = connection.peer
+            log.info("job %s (%s): workers %s by uid %d (pid %d)", job.job_id, job.name,
+                     "given back to the policy" if message.num_workers is None
+                     else f"pinned to {message.num_workers} in all", peer.uid, peer.pid)
+            self._notify("workers_pinned")
+        return protocol.Ok()
+
     def _status(self) -> protocol.Message:
         """The node's counters now, its jobs as the last control step measured them (what the
         metrics show too): a job's snapshot reads its group, and the benchmark alone asks
@@ -445,7 +466,16 @@ class Controller:
     def _known_job(self, job_id: str) -> Job:
         job = self.registry.get(job_id)
         if job is None:
-            raise RequestRefused("unknown_job", f"no job {job_id!r} is registered with this controller")
+            raise RequestRefused("unknown_job", f"no job {job_id!r} is registered with this controller; "
+                                 "'adloader status' lists the jobs and their ids")
+        return job
+
+    def _owned_job(self, job_id: str, connection: Connection, action: str) -> Job:
+        """The job, when the peer may change it: its owner (the uid that registered it) or root."""
+        job = self._known_job(job_id)
+        if not (connection.peer.is_root or connection.peer.uid == job.uid):
+            raise RequestRefused("forbidden",
+                                 f"job {job.job_id} belongs to uid {job.uid}; only it or root may {action}")
         return job
 
     def _connection_closed(self, connection: Connection) -> None:

@@ -24,10 +24,11 @@ from controller.registry import Registry
 from controller.safety_net import SafetyNet
 from controller.training_processes import TrainingProcesses
 from controller.worker_memory import WorkerMemory
+from controller.worker_pins import apply_pins
 
 log = logging.getLogger(__name__)
 
-REASON_PRIORITY = ("policy_change", "adoption", "arrival", "departure")
+REASON_PRIORITY = ("policy_change", "workers_pinned", "adoption", "arrival", "departure")
 """When several events happened since the last step, a reallocation is counted under the
 first of these; with none of them the policy acted on new measurements: "gain"."""
 
@@ -109,6 +110,8 @@ class ControlLoop:
         wanted, reverts = self.safety_net.review(views, wanted, gain_driven=reason == "gain", node=self.node)
         if reverts:
             reason = "safety_net"
+        # An operator's pins (adloader workers) replace the workers of the finished decision, here only.
+        wanted = apply_pins(self.node, views, wanted, registry.pinned_workers())
         changed = False
         for view in views:
             new, record = wanted[view.job_id], store.get(view.job_id)

@@ -76,7 +76,8 @@ def snapshot_of(job: "Job", allocation: JobAllocations, pids: set[int]) -> JobSn
         read_bps=None if applied.read_bps is None else round(applied.read_bps),
         failed_to_apply={failure.field: failure.error for failure in allocation.failures},
         workers_target=None if workers is None else workers * measured.ranks,
-        workers_running=sum(r.num_workers for r in latest), achieved_sps=measured.rates.achieved,
+        workers_running=sum(r.num_workers for r in latest), workers_pinned=job.pinned_workers,
+        achieved_sps=measured.rates.achieved,
         max_sps_predicted=job.predicted[0] if job.predicted else None,
         max_sps_predicted_interval=(job.predicted[1], job.predicted[2]) if job.predicted else None,
         max_sps_measured=model.max_throughput, cpu_s_per_sample=model.cpu_s_per_sample,
@@ -99,5 +100,5 @@ def persisted_of(job: "Job", allocation: JobAllocations) -> PersistedJob:
         job_id=job.job_id, name=job.name, uid=job.uid, gpus=job.gpus, launcher_pid=job.launcher_pid,
         registered_at=job.registered_at, cgroup=job.cgroup, wanted=allocation.wanted, applied=allocation.applied,
         requested_workers=job.requested_workers, features=job.features, remaining_samples=job.remaining,
-        model=learnt_model_of(job),
+        model=learnt_model_of(job), pinned_workers=job.pinned_workers,
     )

@@ -75,6 +75,9 @@ class Job:
     unmanaged_reason: str | None = None
     """Why no loader of the job is managed, as the last control step found (controller/unmanaged.py);
     None: managed, or still within its grace period."""
+    pinned_workers: int | None = None
+    """Workers, all ranks, an operator pinned the job to (``adloader workers``; controller/worker_pins.py);
+    None: its policy decides them."""
 
     @property
     def ended(self) -> bool:
@@ -185,7 +188,7 @@ class Registry:
             arrival_s=persisted.registered_at - self._started_wall, cgroup=persisted.cgroup,
             requested_workers=persisted.requested_workers, features=persisted.features,
             remaining_samples=persisted.remaining_samples, connected=False, adopted=True,
-            restored=persisted.model, watched_since=self._clock(),
+            restored=persisted.model, watched_since=self._clock(), pinned_workers=persisted.pinned_workers,
         )
         job.loading_curve.resume(persisted.model.loading_observations)
         job.predicted = self._predict(job)
@@ -301,6 +304,16 @@ class Registry:
 
     def snapshot(self, job: Job, *, pids: set[int], allocation: JobAllocations | None = None) -> JobSnapshot:
         return snapshot_of(job, allocation or JobAllocations(), pids)
+
+    def pin_workers(self, job_id: str, workers: int | None) -> bool:
+        """Pin the job's workers (all ranks) or, with None, give them back to its policy; True if that changed."""
+        job = self._jobs[job_id]
+        changed, job.pinned_workers = job.pinned_workers != workers, workers
+        return changed
+
+    def pinned_workers(self) -> dict[str, int]:
+        """Job id -> its pinned workers, for the jobs an operator pinned."""
+        return {job.job_id: job.pinned_workers for job in self if job.pinned_workers is not None}
 
     def persisted(self, allocations: AllocationStore) -> dict[str, PersistedJob]:
         """What the state file keeps of every job."""

@@ -69,6 +69,8 @@ class PersistedJob:
     features: dict[str, float] | None
     remaining_samples: float | None = None
     model: LearntModel = LearntModel()
+    pinned_workers: int | None = None
+    """Workers, all ranks, an operator pinned the job to (``adloader workers``); None: the policy's."""
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,8 @@ def test_every_message_type_round_trips() -> None:
         protocol.End(job_id="j1", exit_code=3),
         protocol.StatusRequest(),
         protocol.SetPolicy(policy="even"),
+        protocol.SetWorkers(job_id="j1", num_workers=6),
+        protocol.SetWorkers(job_id="j1", num_workers=None),
         protocol.Registered(job_id="j1", cgroup="/sys/fs/cgroup/cpu/adloader/j1", backend="cgroup-v1"),
         protocol.Target(num_workers=3),
         protocol.Status(node=protocol.NodeSnapshot(
@@ -43,6 +45,8 @@ def test_every_message_type_round_trips() -> None:
         (b'{"v": 1, "type": "launch_missiles"}', "unknown_type"),
         (b'{"v": 1, "type": "report"}', "missing_field"),
         (b'{"v": 1, "type": "report", "job_id": 7}', "bad_field"),
+        (b'{"v": 1, "type": "set_workers", "job_id": "j1"}', "missing_field"),  # auto is an explicit null
+        (b'{"v": 1, "type": "set_workers", "job_id": "j1", "num_workers": 0}', "bad_number"),
         (b'{"v": 1, "type": "report", "job_id": "a", "samples": NaN}', "bad_number"),
         (b'{"v": 1, "type": "report", "job_id": "a", "samples": -5}', "bad_number"),
         (b'{"v": 1, "type": "report", "job_id": "a", "data_wait_s": 1e400}', "bad_number"),
