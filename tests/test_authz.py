@@ -110,6 +110,7 @@ def test_a_process_in_one_job_reports_and_acts_only_for_its_own(
     assert in_b.ask(protocol.End(job_id=in_a.job_id, exit_code=0)) == ("error", "forbidden")
     assert in_a.ask(protocol.SetPolicy(policy="static")) == ("error", "forbidden")
     assert alice_outside.ask(protocol.SetPolicy(policy="even")) == ("error", "forbidden")
+    assert in_a.ask(protocol.SetWorkers(job_id=in_b.job_id, num_workers=2)) == ("error", "forbidden")
 
     def measured() -> NodeSnapshot | None:  # status shows each control step's measurement
         status = controller.status()
@@ -119,7 +120,14 @@ def test_a_process_in_one_job_reports_and_acts_only_for_its_own(
     assert status.policy == "even"
     samples = {j.job_id: j.samples_total for j in status.jobs}
     assert samples == {in_a.job_id: 32, in_b.job_id: 0, also_alice.job_id: 0}  # only A's own report counted
-    assert status.errors_total.get("forbidden") == 7  # each refusal above, counted
+    assert status.errors_total.get("forbidden") == 8  # each refusal above, counted
+    assert {j.job_id: j.workers_pinned for j in status.jobs} == dict.fromkeys(owners)  # the refused pin changed nothing
+
+    # A uid may pin its own jobs' workers (from any of its processes), root anyone's.
+    assert alice_outside.ask(protocol.SetWorkers(job_id=in_a.job_id, num_workers=2)) == ("ok", None)
+    assert _reply(controller, protocol.SetWorkers(job_id=in_b.job_id, num_workers=3)) == ("ok", None)
+    wait_until(lambda: {j.job_id: j.workers_pinned for j in controller.status().jobs} == {
+        in_a.job_id: 2, in_b.job_id: 3, also_alice.job_id: None}, 10, "the next control step to show both pins")
 
     # A uid may end its own jobs (from any of its processes), root may end anyone's.
     assert alice_outside.ask(protocol.End(job_id=also_alice.job_id, exit_code=0)) == ("ok", None)
