@@ -2,11 +2,14 @@
 the policy's allocation (pure), and the whole request in an in-process controller on the cgroup
 v2 fixture tree: who may pin, what is refused and why, the target and its reason, status, the
 state file across a restart, and ``auto``. The same pins moving real programs' workers live:
-tests/test_unchanged_programs.py; another uid refused over the real socket: tests/test_authz.py."""
+tests/test_unchanged_programs.py; another uid refused over the real socket: tests/test_authz.py.
+The command's usage errors: one plain line each."""
 from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -14,6 +17,7 @@ import pytest
 
 from adloader import protocol
 from adloader.status import render_table
+from bench.controller_process import REPO, base_environment
 from controller.backends.cgroup_v2 import CgroupV2Backend
 from controller.daemon import Controller, ControllerConfig
 from controller.peer import PeerCredentials
@@ -143,3 +147,15 @@ def test_the_owner_or_root_pins_a_jobs_workers_over_the_policy_and_it_survives_a
     restarted.step()
     assert restarted.loop.allocations.get(pinned).wanted == policy[pinned]
     assert {job.workers_pinned for job in restarted.snapshot().jobs} == {None}
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["j1", "zero"], "adloader workers: 'zero' is not a number of workers: give a whole number from 1, or 'auto'"),
+    (["j1", "0"], "adloader workers: '0' is not a number of workers: give a whole number from 1, or 'auto'"),
+    (["j1", "auto", "--socket", "/nonexistent/adloader.sock"], "adloader workers: no controller at "),
+])
+def test_the_command_says_what_is_wrong_in_one_plain_line(args: list[str], says: str) -> None:
+    result = subprocess.run([sys.executable, "-m", "adloader", "workers", *args], capture_output=True, text=True,
+                            timeout=60, cwd=REPO, env=base_environment())
+    assert result.returncode == 2 and result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1 and result.stderr.startswith(says), result.stderr
