@@ -7,23 +7,21 @@ Each test runs its program under a real controller (the ``even`` policy over thi
 and shows that:
 - the job reports from every rank, and what each rank iterated is adloader's loader (for HF and
   Accelerate the loader inside Accelerate's ``DataLoaderShard``);
-- its workers follow a lower and then a higher target, live: a second job arriving halves the
-  job's share of the node, so its worker target (even: workers follow cores) falls, and its
-  leaving restores it. The loaders' running workers, as the controller sees them, reach each;
+- its workers follow a lower and then a higher target, live: an operator pins the job's workers
+  (``adloader workers JOB N``, the CLI) to 1 a rank, then to 3 a rank, then gives them back to the
+  policy (``auto``). The loaders' running workers, as the controller sees them, reach each;
 - every sample is delivered exactly once per epoch: over the ranks, each epoch's indices are
   ``range(N)`` with no duplicate;
 - each step's loss is exactly that of the same program run plainly (python or torchrun, no
   adloader), and so are the samples of each step: the plain run goes on beside the managed one.
 
-A 2-rank job on a node of fewer than 3 CPUs gets one worker per rank from ``even`` alone and
-beside another job alike (below the 2 its program asks for), so there no target can rise: the
-test then checks the rest, and skips at its end, saying so.
+The pins make the targets explicit: on a node of 2 CPUs the ``even`` policy alone would give a
+2-rank job one worker a rank whatever else runs, so no policy-made target could rise there.
 """
 from __future__ import annotations
 
 import importlib.util
 import math
-import signal
 import subprocess
 import sys
 from dataclasses import replace
@@ -33,7 +31,7 @@ from typing import Any, Callable
 import pytest
 
 from adloader.cpuspec import format_cpus, online_cpus
-from bench.controller_process import REPO, ControllerProcess, HarnessError, kill_session, wait_until
+from bench.controller_process import REPO, ControllerProcess, HarnessError, base_environment, kill_session, wait_until
 from bench.unchanged_programs import (OURS, PROGRAMS, TORCHS, Program, Size, command, environment, jpeg_folder,
                                      read_records)
 
@@ -42,6 +40,8 @@ SIZE = Size(samples=128, epochs=2, batch_size=8, num_workers=2, px=32)
 until the test stops it (at least 2). The programs ask for 2 workers per rank."""
 PHASE_S = 120.0
 """Seconds a phase may take (a framework's start-up on 2 busy cores included)."""
+LOWER, HIGHER = 1, 3
+"""Workers a rank the job is pinned to, one after the other (its program asks for 2)."""
 
 
 def program_param(name: str) -> Any:
@@ -51,17 +51,28 @@ def program_param(name: str) -> Any:
         missing, reason=f"{program.framework} is not installed (./install.sh --test installs it)")])
 
 
-def even_workers(cores: float, jobs: int, ranks: int) -> int:
-    """Workers per rank the even policy gives one of ``jobs`` jobs: workers follow cores."""
-    return max(1, math.ceil(cores / jobs / ranks - 1e-9))
+def even_workers(cores: float, ranks: int) -> int:
+    """Workers per rank the even policy gives a job alone on the node: workers follow cores."""
+    return max(1, math.ceil(cores / ranks - 1e-9))
 
 
-def running(controller: ControllerProcess, job_id: str, workers: int, ranks: int) -> Callable[[], bool]:
-    """Whether the job's target is ``workers`` a rank and its loaders run that many, all ranks."""
+def running(controller: ControllerProcess, job_id: str, workers: int, ranks: int,
+            pinned: int | None) -> Callable[[], bool]:
+    """Whether the job's target is ``workers`` a rank, pinned to ``pinned`` (None: the policy's), and its
+    loaders run that many, all ranks."""
     def check() -> bool:
         snap = controller.job(job_id)
-        return bool(snap and snap.workers_target == workers * ranks and snap.workers_running == workers * ranks)
+        return bool(snap and snap.workers_pinned == pinned and snap.workers_target == workers * ranks
+                    and snap.workers_running == workers * ranks)
     return check
+
+
+def pin_workers(controller: ControllerProcess, job_id: str, workers: str) -> None:
+    """``adloader workers JOB N|auto``, as an operator types it."""
+    result = subprocess.run([sys.executable, "-m", "adloader", "workers", job_id, workers, "--socket",
+                             str(controller.socket)], capture_output=True, text=True, timeout=60, cwd=REPO,
+                            env=base_environment())
+    assert result.returncode == 0 and job_id in result.stdout, result.stderr
 
 
 def start_plain(program: Program, out: Path, data: Path | None, log: Path) -> subprocess.Popen:
@@ -92,30 +103,18 @@ def test_an_unchanged_program_is_managed_follows_targets_and_trains_as_without_a
     for epoch in range(min(len(r["epochs"]) for r in managed)):
         delivered = sorted(i for r in managed for i in r["epochs"][epoch])
         assert delivered == list(range(SIZE.samples)), f"epoch {epoch}: not every sample exactly once"
-    alone, shared = targets(program)
-    if alone == shared:
-        pytest.skip(f"checked all but a raised target: its workers followed the target of {alone} a rank (below "
-                    f"the {SIZE.num_workers} it asks for), but a {program.ranks}-rank job gets {alone} a rank from the "
-                    f"even policy alone and beside another job alike on a node of {len(online_cpus())} CPUs "
-                    "(it takes 3)")
-
-
-def targets(program: Program) -> tuple[int, int]:
-    """Workers per rank the even policy gives the program's job alone, and beside a second job."""
-    cores = len(online_cpus())
-    return even_workers(cores, 1, program.ranks), even_workers(cores, 2, program.ranks)
 
 
 def train_managed(program: Program, start_controller: Callable[..., ControllerProcess], tmp_path: Path,
                   data: Path | None) -> list[dict[str, Any]]:
-    """Run the program under ``adloader run`` through the phases (alone, beside a second job, alone
-    again) until it has trained SIZE.epochs epochs; its records."""
+    """Run the program under ``adloader run`` through the phases (the policy's workers, pinned lower,
+    pinned higher, the policy's again) until it has trained SIZE.epochs epochs; its records."""
     controller = start_controller("--policy", "even", "--cpus", format_cpus(online_cpus()))
     stop = tmp_path / "stop"
     job = controller.run(*command(program, tmp_path / "managed", replace(SIZE, epochs=1000), data, stop_file=stop),
                          name=program.name, environ=environment())
     job_id = controller.registered(job, 60).job_id
-    alone, shared = targets(program)
+    ranks, policy = program.ranks, even_workers(len(online_cpus()), program.ranks)
 
     def phase(predicate: Callable[[], object], what: str) -> None:
         try:
@@ -125,14 +124,12 @@ def train_managed(program: Program, start_controller: Callable[..., ControllerPr
 
     phase(lambda: (s := controller.job(job_id)) and s.state == "running" and s.ranks_reporting == program.ranks,
           f"{program.ranks} rank(s) of {program.name} to report")
-    phase(running(controller, job_id, alone, program.ranks), f"{alone} worker(s) a rank alone")
-    if shared < alone:
-        other = controller.run(sys.executable, "-c", "import time; time.sleep(600)", name="second-job")
-        controller.registered(other)
-        phase(running(controller, job_id, shared, program.ranks), f"{shared} worker(s) a rank beside a second job")
-        other.signal(signal.SIGTERM)
-        other.wait(30)
-        phase(running(controller, job_id, alone, program.ranks), f"{alone} worker(s) a rank once the second job left")
+    phase(running(controller, job_id, policy, ranks, None), f"the even policy's {policy} worker(s) a rank")
+    for workers in (LOWER, HIGHER):
+        pin_workers(controller, job_id, str(workers * ranks))
+        phase(running(controller, job_id, workers, ranks, workers * ranks), f"{workers} worker(s) a rank, pinned")
+    pin_workers(controller, job_id, "auto")
+    phase(running(controller, job_id, policy, ranks, None), f"the policy's {policy} worker(s) a rank again")
     phase(lambda: controller.job(job_id).samples_total >= SIZE.epochs * SIZE.samples, f"{SIZE.epochs} epochs trained")
     stop.touch()
     assert job.wait(PHASE_S) == 0, job.output()
