@@ -136,7 +136,8 @@ def test_the_owner_or_root_pins_a_jobs_workers_over_the_policy_and_it_survives_a
     shown = {job.job_id: job for job in controller.snapshot().jobs}
     assert (shown[pinned].workers_pinned, shown[other].workers_pinned) == (6, None)
     table = render_table(controller.snapshot(), 0.0)
-    assert f"= train-a ({pinned}): workers pinned to 6 in all" in table
+    assert " 1/4 pinned " in table  # WORKERS: running (its last report) / target, pinned
+    assert f"= train-a ({pinned}): workers pinned to 6 in all (target 4: an even split" in table
     assert f"'adloader workers {pinned} auto'" in table
     controller.save()
 
