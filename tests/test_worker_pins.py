@@ -80,7 +80,11 @@ def _controller(tmp_path: Path) -> Controller:
                                  applied=JobAllocation(), requested_workers=4, features=None)
             for job_id in JOBS}))
     config = ControllerConfig(socket_path=tmp_path / "s.sock", state_dir=tmp_path / "state", cpus=(0, 1),
-                              policy="even", group="adloader", cgroup_root=root, lock_dir=tmp_path / "locks")
+                              policy="even", group="adloader", cgroup_root=root, lock_dir=tmp_path / "locks",
+                              # The reports come from this test process: kept apart, its children (whatever
+                              # earlier tests of the session left it) would be moved into the fake groups in
+                              # its place, and its next report refused.
+                              training_processes="with-loaders")
     controller = Controller(config, backend=CgroupV2Backend(group="adloader", root=root))
     controller.recover()
     return controller
