@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
+import signal
 import sys
 from typing import NoReturn, Sequence
 
@@ -127,9 +129,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     module.configure(sub)
     args = sub.parse_args(rest)
     try:
-        return int(module.main(args) or 0)
+        code = int(module.main(args) or 0)
+        sys.stdout.flush()  # here, not at exit: a closed pipe is then the BrokenPipeError below
+        return code
     except AdloaderError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `adloader status | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 128 + signal.SIGPIPE

@@ -111,3 +111,13 @@ def test_a_terminal_commands_warning_is_a_plain_line_and_the_daemon_keeps_timest
             "configure_logging('controller', 'INFO'); logging.getLogger('controller.loop').warning('slow')")
     daemon = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} WARNING controller.loop: slow\n", daemon.stderr)
+
+
+def test_output_cut_short_by_a_closed_pipe_ends_quietly() -> None:
+    """``adloader doctor | head -1``: the reader closes the pipe early; the command ends without a traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "adloader", "doctor"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=REPO, env=base_environment())
+    proc.stdout.readline()
+    proc.stdout.close()  # before the rest is written
+    _, stderr = proc.communicate(timeout=60)
+    assert "Traceback" not in stderr.decode() and "BrokenPipeError" not in stderr.decode(), stderr.decode()
