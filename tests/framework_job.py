@@ -12,23 +12,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import time
 from pathlib import Path
 
 import torch
-from torch.utils.data import Dataset
 
 from adloader import DataLoader
+from plain_torch_job import Numbers  # the same data as the unchanged script (tests/ is this script's path)
 
 
-class Numbers(Dataset):
-    def __len__(self) -> int:
-        return 256
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        time.sleep(0.002)
-        x = torch.tensor([float(i % 7), 1.0])
-        return x, x.sum(dim=0, keepdim=True)
 
 
 class Record:
