@@ -9,7 +9,6 @@ is a timeline the test drives (the markers' clock-like root), then the emulated 
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import pytest
@@ -17,6 +16,7 @@ import torch
 
 from adloader import DataLoader
 from adloader.dataloader.stats import LoaderCounters, StepTimer, make_step_timer
+from bench.gpu_check.data_wait import SleepyBatches
 from bench.gpu_check.device import EmulatedDevice
 
 
@@ -136,25 +136,13 @@ def test_the_wall_clock_times_steps_until_the_process_uses_the_device() -> None:
     assert counters.compute_s == pytest.approx(0.0 + 3 * 0.040, rel=0.05)
 
 
-class Indices(torch.utils.data.Dataset):
-    def __init__(self, n: int, delay: float) -> None:
-        self.n, self.delay = n, delay
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, index: int) -> torch.Tensor:
-        time.sleep(self.delay)
-        return torch.tensor(index)
-
-
 @pytest.mark.parametrize("load_s, kernels_s", [(0.030, 0.060), (0.060, 0.015)], ids=["kernels-outlast", "starved"])
 def test_the_loader_reads_the_split_from_an_asynchronous_device(load_s: float, kernels_s: float) -> None:
     """A real loader (one worker) feeding the emulated asynchronous device: the reporter's wait is
     the device's idle time, where the wall clock counts every load as a wait."""
     device = EmulatedDevice()
     steps = 24
-    loader = DataLoader(Indices(steps, load_s), batch_size=1, num_workers=1)
+    loader = DataLoader(SleepyBatches(steps, load_s), batch_size=1, num_workers=1)
     loader.step_events = device.events
     wall = LoaderCounters()
     wall_timer = StepTimer(wall)
