@@ -24,6 +24,9 @@ import os
 import pwd
 import shutil
 import subprocess
+import sys
+import threading
+import traceback
 import tempfile
 import uuid
 from pathlib import Path
@@ -33,6 +36,34 @@ import pytest
 
 from bench.controller_process import Cleanup, ControllerProcess, JobProcess, base_environment, start_job as _start_job
 from fixtures.managed import CGROUP_V1_USABLE, NO_CGROUP_V1
+
+
+TEST_LIMIT_S = 600
+"""No test may run longer: past it, every thread's stack and the test's name are printed and the
+run ends (exit 1), so a hang says where it is instead of running into CI's time limit in silence."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    def overran() -> None:
+        """Innermost frames last and the test's name at the very end: the tail of a log says it all."""
+        stacks = sys._current_frames()
+        main = stacks.pop(threading.main_thread().ident, None)
+        with item.config.pluginmanager.getplugin("capturemanager").global_and_fixture_disabled():
+            for ident, frame in [*stacks.items(), (threading.main_thread().ident, main)]:
+                if frame is not None and ident != threading.get_ident():
+                    print(f"\nthread {ident}:\n" + "".join(traceback.format_stack(frame)[-12:]), file=sys.stderr)
+            print(f"{item.nodeid} ran past {TEST_LIMIT_S} s (its main thread's stack is the last above)",
+                  file=sys.stderr, flush=True)
+        os._exit(1)
+
+    watchdog = threading.Timer(TEST_LIMIT_S, overran)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        yield
+    finally:
+        watchdog.cancel()
 
 
 @pytest.fixture
