@@ -18,6 +18,7 @@ from throughput_model.counting import (
     account_step,
     direct_depthwise_forward_max_padding,
 )
+from throughput_model import features as features_module
 from throughput_model.features import FEATURE_KEYS, MAX_KEYS, describe
 from throughput_model.zoo import FAMILIES, ZOO, classification_loss, resnet50
 
@@ -225,11 +226,35 @@ class DataDependent(nn.Module):
         return self.a(x) if x.sum().item() > 0 else self.b(x)
 
 
-def test_what_cannot_be_counted_is_said() -> None:
-    description = describe(DataDependent(), torch.randn(4, 8))
+def test_a_forward_that_reads_a_value_is_counted_on_cpu_stand_ins() -> None:
+    model, batch = DataDependent(), torch.randn(4, 8)
+    before = [p.clone() for p in model.parameters()]
+    description = describe(model, batch)
+    assert description.features["count_complete"] == 1.0
+    assert any("Tensor.item()" in note and "CPU stand-ins" in note for note in description.notes)
+    assert description.features["flops_forward"] == describe(nn.Linear(8, 8), batch).features["flops_forward"] > 0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # the model is untouched
+
+
+class ChecksItsInput(DataDependent):
+    """Refuses a constant input, as a model may check its data: the stand-ins cannot run it either."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.max().item() == x.min().item():
+            raise ValueError("a constant batch")
+        return self.a(x)
+
+
+def test_what_cannot_be_counted_is_said(monkeypatch) -> None:
+    description = describe(ChecksItsInput(), torch.randn(4, 8))
     assert description.features["count_complete"] == 0.0
-    assert any("forward" in note for note in description.notes)
+    assert any("stand-ins too (ValueError: a constant batch)" in note for note in description.notes)
+    assert any("could not count the forward" in note for note in description.notes)
     assert description.features["params"] == 2 * (64 + 8)  # parameter sizes are still known
+    monkeypatch.setattr(features_module, "REPLAY_MAX_BYTES", 100)
+    too_large = describe(DataDependent(), torch.randn(4, 8))
+    assert too_large.features["count_complete"] == 0.0
+    assert any("too large to replay" in note for note in too_large.notes)
 
 
 class NoBackward(nn.Module):
@@ -252,7 +277,8 @@ class NoBackward(nn.Module):
         return self._Op.apply(self.layer(x))
 
 
-def test_a_failed_backward_is_estimated_from_the_forward() -> None:
+def test_a_failed_backward_is_estimated_from_the_forward(monkeypatch) -> None:
+    monkeypatch.setattr(features_module, "REPLAY_MAX_BYTES", 0)  # no replay on stand-ins
     description = describe(NoBackward(), torch.randn(4, 8), optimizer="adam")
     features = description.features
     assert features["count_complete"] == 0.0

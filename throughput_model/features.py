@@ -6,14 +6,16 @@ so the caller's model is neither copied nor changed, and counts every operator w
 :mod:`throughput_model.counting`. The result is a flat ``dict[str, float]`` (it travels
 in ``protocol.Register.features``) of at most :data:`MAX_KEYS` keys.
 
-What cannot be counted is said, never guessed silently: a phase that fails on meta
-tensors (data-dependent control flow, ``.item()``, hard-coded devices) is estimated
-from what was counted (backward = 2x forward; optimizer from the parameter bytes),
-``count_complete`` drops to 0 and the reason is in :attr:`Description.notes`.
+A step that fails on meta tensors (``.item()``, data-dependent shapes, tensors made on a
+fixed device) is replayed once on CPU tensors of constant values, for a model of up to
+:data:`REPLAY_MAX_BYTES`. What still cannot be counted is said, never guessed silently: it
+is estimated from what was counted (backward = 2x forward; optimizer from the parameter
+bytes), ``count_complete`` drops to 0 and the reason is in :attr:`Description.notes`.
 """
 from __future__ import annotations
 
 import functools
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -27,6 +29,7 @@ from throughput_model.counting import (
     FUSED_CLASSES,
     LOWERED_CLASSES,
     OP_CLASSES,
+    AccountedStep,
     StepTally,
     account_step,
     tensor_bytes,
@@ -96,28 +99,15 @@ def describe(
     """
     started = time.perf_counter()
     notes: list[str] = []
-    twins: dict[int, torch.Tensor] = {}  # one meta tensor per real one: tied weights stay tied (and count once)
-    params = {n: twins.setdefault(id(p), _meta(p, p.requires_grad))
-              for n, p in model.named_parameters(remove_duplicate=False)}
-    buffers = {n: twins.setdefault(id(b), _meta(b, False)) for n, b in model.named_buffers(remove_duplicate=False)}
-    trainable = [p for p in {id(p): p for p in params.values()}.values() if p.requires_grad]
-    meta_by_id = {id(p): params[n] for n, p in model.named_parameters(remove_duplicate=False)}
-    batch = tree_map(lambda t: _meta(t, False) if isinstance(t, torch.Tensor) else t, example_batch)
-    size = batch_size if batch_size is not None else _batch_size(example_batch)
-    loss_of = loss_fn or _sum_of_outputs
     plan = resolve(optimizer)
     if plan.note is not None:
         say_once(f"describe_model: {plan.note}")
-    opt = _build_optimizer(plan, meta_by_id, trainable, notes)
-    step = _hook_free_step(opt) if opt is not None else None
-
-    def forward() -> torch.Tensor:
-        args, kwargs = _call_arguments(batch)
-        return loss_of(torch.func.functional_call(model, (params, buffers), args, kwargs, strict=False))
-
-    if step is not None:
-        _prime_optimizer_state(trainable, step, notes)
-    result = account_step(forward, step)
+    loss_of = loss_fn or _sum_of_outputs
+    step = _count_step(model, example_batch, plan, loss_of, _meta, notes)
+    if step.result.failed_phase in ("forward", "backward"):
+        step = _replayed_on_stand_ins(model, example_batch, plan, loss_of, step, notes)
+    params, trainable, result, opt = step.params, step.trainable, step.result, step.optimizer
+    size = batch_size if batch_size is not None else _batch_size(example_batch)
     tally = result.tally
     complete = result.failed_phase is None
     if not complete:
@@ -163,9 +153,78 @@ def describe(
     return Description(features, tuple(notes), time.perf_counter() - started, tuple(sorted(tally.unformulated)))
 
 
+REPLAY_MAX_BYTES = 256 * 2**20
+"""Largest model (parameter and buffer bytes) whose step is replayed on CPU stand-ins when the
+meta device cannot run it: the replay computes for real, once, on the CPU."""
+
+
+@dataclass
+class _CountedStep:
+    """One replayed step: the twins it ran on, what it counted, and the optimizer it stepped."""
+
+    params: dict[str, torch.Tensor]
+    trainable: list[torch.Tensor]
+    result: AccountedStep
+    optimizer: torch.optim.Optimizer | None
+
+
+def _count_step(model: nn.Module, example_batch: Any, plan: OptimizerPlan, loss_of: Callable[[Any], torch.Tensor],
+                twin: Callable[[torch.Tensor, bool], torch.Tensor], notes: list[str]) -> _CountedStep:
+    """One training step of ``model`` replayed through ``torch.func.functional_call`` on ``twin``s of
+    its parameters, buffers and batch (the model itself is neither copied nor changed), counted."""
+    twins: dict[int, torch.Tensor] = {}  # one twin per real tensor: tied weights stay tied (and count once)
+    params = {n: twins.setdefault(id(p), twin(p, p.requires_grad))
+              for n, p in model.named_parameters(remove_duplicate=False)}
+    buffers = {n: twins.setdefault(id(b), twin(b, False)) for n, b in model.named_buffers(remove_duplicate=False)}
+    trainable = [p for p in {id(p): p for p in params.values()}.values() if p.requires_grad]
+    twin_by_id = {id(p): params[n] for n, p in model.named_parameters(remove_duplicate=False)}
+    batch = tree_map(lambda t: twin(t, False) if isinstance(t, torch.Tensor) else t, example_batch)
+    opt = _build_optimizer(plan, twin_by_id, trainable, notes)
+    step = _hook_free_step(opt) if opt is not None else None
+
+    def forward() -> torch.Tensor:
+        args, kwargs = _call_arguments(batch)
+        return loss_of(torch.func.functional_call(model, (params, buffers), args, kwargs, strict=False))
+
+    if step is not None:
+        _prime_optimizer_state(trainable, step, notes)
+    return _CountedStep(params, trainable, account_step(forward, step), opt)
+
+
+def _replayed_on_stand_ins(model: nn.Module, example_batch: Any, plan: OptimizerPlan,
+                           loss_of: Callable[[Any], torch.Tensor], on_meta: _CountedStep,
+                           notes: list[str]) -> _CountedStep:
+    """A step the meta device cannot run (the model reads a value: ``.item()``, a data-dependent
+    shape, a tensor made on a fixed device) replayed on real CPU tensors of constant values, when
+    the model is small enough (:data:`REPLAY_MAX_BYTES`); else the meta count, to be estimated."""
+    size = sum(tensor_bytes(t) for t in itertools.chain(model.parameters(), model.buffers()))
+    if size > REPLAY_MAX_BYTES:
+        notes.append(f"the model ({size / 2**20:.0f} MiB) is too large to replay its step on CPU stand-ins")
+        return on_meta
+    replay_notes: list[str] = []
+    replayed = _count_step(model, example_batch, plan, loss_of, _stand_in, replay_notes)
+    if replayed.result.failed_phase is not None:
+        notes.append(f"the step failed on CPU stand-ins too ({replayed.result.error})")
+        return on_meta
+    notes.extend([f"the {on_meta.result.failed_phase} phase failed on the meta device ({on_meta.result.error}): "
+                  "counted on CPU stand-ins (constant values) instead", *replay_notes])
+    return replayed
+
+
+def _stand_in(tensor: torch.Tensor, requires_grad: bool) -> torch.Tensor:
+    """A CPU tensor of ``tensor``'s shape and dtype holding a harmless constant: 0.01 for floating
+    point (a weight, an activation), 1 for integers and booleans (a valid token id, an open mask)."""
+    stand_in = torch.full(tensor.shape, 0.01 if _differentiable(tensor) else 1, dtype=tensor.dtype)
+    return stand_in.requires_grad_(requires_grad and _differentiable(tensor))
+
+
 def _meta(tensor: torch.Tensor, requires_grad: bool) -> torch.Tensor:
     meta = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype, device="meta")
-    return meta.requires_grad_(requires_grad and (tensor.is_floating_point() or tensor.is_complex()))
+    return meta.requires_grad_(requires_grad and _differentiable(tensor))
+
+
+def _differentiable(tensor: torch.Tensor) -> bool:
+    return tensor.is_floating_point() or tensor.is_complex()
 
 
 def _batch_size(batch: Any) -> int:
@@ -193,13 +252,13 @@ def _sum_of_outputs(output: Any) -> torch.Tensor:
     return total
 
 
-def _build_optimizer(plan: OptimizerPlan, meta_by_id: dict[int, torch.Tensor], trainable: list[torch.Tensor],
+def _build_optimizer(plan: OptimizerPlan, twin_by_id: dict[int, torch.Tensor], trainable: list[torch.Tensor],
                      notes: list[str]) -> torch.optim.Optimizer | None:
-    """The optimizer of ``plan`` over the meta parameters, or None (no optimizer, or it cannot be built there)."""
+    """The optimizer of ``plan`` over the twin parameters, or None (no optimizer, or it cannot be built there)."""
     if plan.build is None or not trainable:
         return None
     try:
-        return plan.build(meta_by_id, trainable)
+        return plan.build(twin_by_id, trainable)
     except Exception as exc:  # the job's own optimizer class: estimate its step instead
         notes.append(f"optimizer {plan.label} could not be built on the meta device ({type(exc).__name__}: {exc}); "
                      "its step is estimated from the parameter sizes")
@@ -239,7 +298,7 @@ def _set_optimizer(tally: StepTally, optimizer_bytes: float, ops: float) -> None
 def _prime_optimizer_state(trainable: list[torch.Tensor], step: Callable[[], Any], notes: list[str]) -> None:
     """Take one uncounted optimizer step so the counted one is a steady-state step (state buffers exist)."""
     for p in trainable:
-        p.grad = torch.empty_like(p)
+        p.grad = torch.zeros_like(p)
     try:
         step()
     except Exception as exc:  # the counted step will fail the same way and be estimated
