@@ -143,13 +143,14 @@ def effect(on: Mapping[str, Mapping[str, float]], off: Mapping[str, Mapping[str,
 
 def ablate(mixes: Sequence[str], rules: Sequence[str], run: Callable[[str, AdaptiveRules], dict[str, float] | None],
            checkpoint: Callable[[dict[str, Any]], None] = lambda _: None) -> dict[str, Any]:
-    """Every mix with all rules on, then each of ``rules`` off alone; ``run(mix, rules)`` scores one
+    """Every mix with all rules on, then each of ``rules`` off alone (``a+b``: those together);
+    ``run(mix, rules)`` scores one
     (None: it failed, and the mix is left out of that comparison). ``checkpoint`` gets the
     document after each rule, so an interrupted ablation keeps what it measured."""
     on = {mix: scores for mix in mixes if (scores := run(mix, AdaptiveRules())) is not None}
     document: dict[str, Any] = {"all_on": on, "without": {}}
     for rule in rules:
-        off = {mix: scores for mix in on if (scores := run(mix, AdaptiveRules().without([rule]))) is not None}
+        off = {mix: scores for mix in on if (scores := run(mix, AdaptiveRules().without(rule.split("+")))) is not None}
         document["without"][rule] = {"effect": effect(on, off), "mixes": off}
         checkpoint(document)
     for listed, verdict in (("candidates_for_removal", "candidate_for_removal"),
@@ -231,7 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     where.add_argument("--node", action="store_true", help="adloader bench on shipped mixes (GPU-emulated)")
     parser.add_argument("--out", type=Path, required=True, help="write the results here (JSON)")
     parser.add_argument("--rules", default=",".join(RULES),
-                        help="comma-separated rules to turn off one at a time (default: every rule)")
+                        help="comma-separated rules to turn off one at a time, a+b for several together "
+                        "(default: every rule alone)")
     parser.add_argument("--mixes", default=None,
                         help=f"--simulated: {' or '.join(MIX_SETS)} (default reality); --node: mix files, "
                         f"comma-separated (default bench/mixes/{{{','.join(NODE_MIXES)}}})")
@@ -246,7 +248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)  # the simulated controller's give-backs are counted, not logged
     rules = [rule.strip() for rule in args.rules.split(",") if rule.strip()]
-    AdaptiveRules().without(rules)  # an unknown rule fails here, naming the rules
+    AdaptiveRules().without(part for rule in rules for part in rule.split("+"))  # an unknown rule fails here
     started = time.perf_counter()
     if args.simulated:
         which = args.mixes or "reality"

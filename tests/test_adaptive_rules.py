@@ -122,12 +122,14 @@ def test_the_ablation_compares_each_rule_off_with_all_on_and_lists_rules_that_ch
             result["gpu_busy"], result["settle_s"] = 0.82, 0.0  # better without it
         return result
 
-    document = ablate(["m1", "m2"], ["finishing_order", "first_plan_bar", "hysteresis"], run)
+    document = ablate(["m1", "m2"], ["finishing_order", "first_plan_bar", "hysteresis", "first_plan_bar+hysteresis"], run)
     pays = document["without"]["finishing_order"]["effect"]
     assert pays["gpu_busy_ratio_worst"] == pytest.approx(0.9) and pays["mixes_moved"] == {"m2": pytest.approx(0.9)}
     assert document["candidates_for_removal"] == ["first_plan_bar"]
-    assert document["never_worse_without"] == ["first_plan_bar", "hysteresis"]
+    assert document["never_worse_without"] == ["first_plan_bar", "hysteresis", "first_plan_bar+hysteresis"]
     assert not document["without"]["first_plan_bar"]["effect"]["identical"]
+    together = document["without"]["first_plan_bar+hysteresis"]["mixes"]["m1"]  # both off in one run
+    assert together["gpu_busy"] == pytest.approx(0.82) and together["settle_s"] == 0.0
     assert effect(scores, scores)["identical"] and effect(scores, scores)["candidate_for_removal"]
 
 
