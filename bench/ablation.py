@@ -16,9 +16,9 @@ mixes and the seeded random ones, replayed with what their runs measured), ``--s
 2-core phase mixes, crossing pairs; ``--per-row`` caps each row's seeds); ``--mixes all``: both
 (hours on two cores).
 
-``--node``: ``adloader bench`` (GPU-emulated) on shipped mix files under ``adaptive``, once with
-every rule and once per rule off (``adloader bench --without``), ``--repeats`` each. Run it alone
-on the machine.
+``--node``: ``adloader bench`` (GPU-emulated) on shipped mix files, one run per mix in which
+``adaptive`` with every rule and ``adaptive`` with each rule off (policy ``adaptive~RULE``) are
+interleaved repeat by repeat, ``--repeats`` each. Run it alone on the machine.
 """
 from __future__ import annotations
 
@@ -141,6 +141,11 @@ def effect(on: Mapping[str, Mapping[str, float]], off: Mapping[str, Mapping[str,
     }
 
 
+def arm(rule: str) -> AdaptiveRules:
+    """Every rule on but ``rule`` (``a+b``: those together); PolicyError names the rules for an unknown one."""
+    return AdaptiveRules().without(rule.split("+"))
+
+
 def ablate(mixes: Sequence[str], rules: Sequence[str], run: Callable[[str, AdaptiveRules], dict[str, float] | None],
            checkpoint: Callable[[dict[str, Any]], None] = lambda _: None) -> dict[str, Any]:
     """Every mix with all rules on, then each of ``rules`` off alone (``a+b``: those together);
@@ -150,7 +155,7 @@ def ablate(mixes: Sequence[str], rules: Sequence[str], run: Callable[[str, Adapt
     on = {mix: scores for mix in mixes if (scores := run(mix, AdaptiveRules())) is not None}
     document: dict[str, Any] = {"all_on": on, "without": {}}
     for rule in rules:
-        off = {mix: scores for mix in on if (scores := run(mix, AdaptiveRules().without(rule.split("+")))) is not None}
+        off = {mix: scores for mix in on if (scores := run(mix, arm(rule))) is not None}
         document["without"][rule] = {"effect": effect(on, off), "mixes": off}
         checkpoint(document)
     for listed, verdict in (("candidates_for_removal", "candidate_for_removal"),
@@ -194,31 +199,48 @@ def verdict_of(effect: Mapping[str, Any]) -> str:
 
 # ---------------------------------------------------------------------------------------- node
 
-def node_command(mix: Path, rule: str | None, repeats: int, out: Path, extra: Sequence[str] = ()) -> list[str]:
-    """The ``adloader bench`` run of ``mix`` under ``adaptive``, without ``rule`` (None: all rules on)."""
-    command = [sys.executable, "-m", "adloader", "bench", "--mix", str(mix), "--policies", "adaptive",
-               "--repeats", str(repeats), "--json", str(out), *extra]
-    return command + (["--without", rule] if rule else [])
+def arm_policy(rules: AdaptiveRules) -> str:
+    """The ``adloader bench`` policy that runs ``adaptive`` with ``rules`` (bench.runner.split_variant)."""
+    return "adaptive~" + "+".join(rules.off) if rules.off else "adaptive"
 
 
-def node_runner(mixes: Mapping[str, Path], repeats: int, workdir: Path, extra: Sequence[str] = ()
-                ) -> Callable[[str, AdaptiveRules], dict[str, float] | None]:
-    """Scores one ``adloader bench`` run per (mix, rules): its adaptive medians over the repeats;
-    None when the run failed (its output is kept in ``workdir``)."""
+def node_command(mix: Path, arms: Sequence[AdaptiveRules], repeats: int, out: Path, extra: Sequence[str] = ()
+                 ) -> list[str]:
+    """One ``adloader bench`` run of ``mix``: ``adaptive`` with every rule, then with each of
+    ``arms``' rules off, interleaved repeat by repeat (A B C A B C), so that the machine's drift
+    over the run falls on every arm alike."""
+    policies = ",".join(["adaptive", *(arm_policy(rules) for rules in arms)])
+    return [sys.executable, "-m", "adloader", "bench", "--mix", str(mix), "--policies", policies,
+            "--repeats", str(repeats), "--json", str(out), *extra]
+
+
+def node_runner(mixes: Mapping[str, Path], arms: Sequence[AdaptiveRules], repeats: int, workdir: Path,
+                extra: Sequence[str] = ()) -> Callable[[str, AdaptiveRules], dict[str, float] | None]:
+    """Scores (mix, rules) from one interleaved ``adloader bench`` run per mix (:func:`node_command`,
+    made at the mix's first score): the arm's medians over the repeats; None when the run failed
+    (its output is kept in ``workdir``)."""
     workdir.mkdir(parents=True, exist_ok=True)
+    documents: dict[str, dict[str, Any] | None] = {}
 
-    def run(name: str, rules: AdaptiveRules) -> dict[str, float] | None:
-        label = "-".join(rules.off) or "all-on"
-        out = workdir / f"{Path(name).stem}-{label}.json"
-        command = node_command(mixes[name], ",".join(rules.off) or None, repeats, out, extra)
+    def bench(name: str) -> dict[str, Any] | None:
+        out = workdir / f"{Path(name).stem}.json"
+        command = node_command(mixes[name], arms, repeats, out, extra)
         print("$", " ".join(command), flush=True)
-        with open(workdir / f"{Path(name).stem}-{label}.log", "w") as log:
+        with open(workdir / f"{Path(name).stem}.log", "w") as log:
             finished = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False)
         if finished.returncode != 0 or not out.exists():
             print(f"  failed (exit {finished.returncode}): {log.name}", flush=True)
             return None
-        adaptive = json.loads(out.read_text())["policies"]["adaptive"]
-        return {metric: adaptive[metric] for metric in METRICS}
+        return json.loads(out.read_text())["policies"]
+
+    def run(name: str, rules: AdaptiveRules) -> dict[str, float] | None:
+        if name not in documents:
+            documents[name] = bench(name)
+        policies = documents[name]
+        if policies is None:
+            return None
+        scores = policies[arm_policy(rules)]
+        return {metric: scores[metric] for metric in METRICS}
 
     return run
 
@@ -248,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)  # the simulated controller's give-backs are counted, not logged
     rules = [rule.strip() for rule in args.rules.split(",") if rule.strip()]
-    AdaptiveRules().without(part for rule in rules for part in rule.split("+"))  # an unknown rule fails here
+    arms = [arm(rule) for rule in rules]  # an unknown rule fails here
     started = time.perf_counter()
     if args.simulated:
         which = args.mixes or "reality"
@@ -270,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         label = "GPU-emulated"
         header = {"benchmark": "adaptive's rules, each off alone, on the node benchmark (GPU-emulated)",
                   "simulated": False, "repeats": args.repeats, "scale": args.scale}
-        run = node_runner(by_name, args.repeats, args.workdir,
+        run = node_runner(by_name, arms, args.repeats, args.workdir,
                           ("--scale", str(args.scale)) if args.scale is not None else ())
     header |= {"machine": machine.describe(), "rules_off_in_turn": rules,
                "no_effect": {"gpu_busy": NO_EFFECT_BUSY, "settle_s": SETTLE_NOISE_S, "changes": CHANGES_NOISE}}

@@ -50,7 +50,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated (default {','.join(ALL_POLICIES)}; --quick: "
                         f"{','.join(QUICK_POLICIES)}; --random: {','.join(RANDOM_POLICIES)}); "
                         "NAME@with-loaders runs NAME with every process of a job in its CPU group "
-                        "(controller --training-processes)")
+                        "(controller --training-processes); adaptive~RULE+RULE runs adaptive without those "
+                        "rules (an ablation, interleaved with the others)")
     parser.add_argument("--repeats", type=int, default=None, help="runs per policy, interleaved (default 3; --quick 1)")
     parser.add_argument("--quick", action="store_true",
                         help=f"jobs {QUICK_SCALE:g}x as long, {' and '.join(QUICK_POLICIES)} only, one repeat")

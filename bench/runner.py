@@ -40,7 +40,9 @@ from bench.model_jobs import write_features
 from controller.backends.cgroupfs import write_interface
 from controller.cpu_wait import waited_s
 from controller.daemon import ControllerConfig
+from controller.policies.base import PolicyError
 from controller.policies.oracle import CURVES_VAR
+from controller.policies.rules import parse_without
 from controller.training_processes import MODES
 from controller.snapshot import NodeSnapshot
 
@@ -117,7 +119,7 @@ def run_policy(
 ) -> RunOutcome:
     """Run ``mix`` under ``policy`` on a fresh controller; raises BenchError if it cannot.
     ``policy`` may name how the controller places training processes after an ``@``
-    (``adaptive@with-loaders``: see :func:`split_variant`).
+    (``adaptive@with-loaders``, ``adaptive~hysteresis``: see :func:`split_variant`).
     ``label`` names the run in results (default: the policy); ``send_features``: jobs that
     name a model send its features at registration; ``state_dir``: the controller's state
     and job history (default: a fresh one in the run's directory)."""
@@ -126,7 +128,7 @@ def run_policy(
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     os.chmod(run_dir, 0o755)
-    name, training = split_variant(policy)
+    name, training, without = split_variant(policy)
     curves = {CURVES_VAR: str(oracle_curves)} if name == "oracle" and oracle_curves is not None else {}
     queue_file = run_dir / "pending.json" if mix.gpus is not None else None
     if queue_file is not None:
@@ -134,7 +136,7 @@ def run_policy(
     controller = ControllerProcess(
         socket=run_dir / "s.sock", state_dir=state_dir or run_dir / "state",
         group=f"adloader-bench-{uuid.uuid4().hex[:8]}", period=node.period_s,
-        options=_controller_options(name, training, node, queue_file),
+        options=_controller_options(name, training, node, queue_file, without),
         log_path=run_dir / "controller.log", environ=base_environment(**curves),
     )
     cleanup = Cleanup(graceful=True)
@@ -227,29 +229,39 @@ def job_command(spec: JobSpec, dataset: Path, timeline: Path, features: Path | N
     return command
 
 
-def split_variant(policy: str) -> tuple[str, str]:
-    """``"adaptive@with-loaders"`` -> ``("adaptive", "with-loaders")``; a plain name runs with the
-    controller's default, ``"apart"``. BenchError for another variant, or one on ``oracle``
-    (whose split is measured once, under the default)."""
-    name, _, training = policy.partition("@")
+def split_variant(policy: str) -> tuple[str, str, str | None]:
+    """``"adaptive@with-loaders~hysteresis+safety_net"`` -> ``("adaptive", "with-loaders",
+    "hysteresis,safety_net")``: after ``@`` how training processes are placed (default the
+    controller's, ``"apart"``), after ``~`` the rules of ``adaptive`` the controller runs without
+    (for an ablation, interleaved with the policy itself). BenchError for another placement, an
+    unknown rule, or a variant of ``oracle`` (whose split is measured once, under the default)."""
+    variant, _, without = policy.partition("~")
+    name, _, training = variant.partition("@")
     training = training or MODES[0]
     if training not in MODES:
         raise BenchError(f"{policy}: after '@' name how training processes are placed: {', '.join(MODES)}")
     if name == "oracle" and policy != name:
         raise BenchError(f"{policy}: the oracle runs only under the default placement of training processes")
-    return name, training
+    if not without:
+        return name, training, None
+    try:
+        rules = parse_without(without.replace("+", ","))
+    except PolicyError as error:
+        raise BenchError(f"{policy}: after '~' name rules of adaptive joined by '+': {error}") from None
+    return name, training, ",".join(rules.off)
 
 
-def _controller_options(policy: str, training: str, node: NodeSetup, queue_file: Path | None = None
-                        ) -> tuple[str, ...]:
+def _controller_options(policy: str, training: str, node: NodeSetup, queue_file: Path | None = None,
+                        without: str | None = None) -> tuple[str, ...]:
     options = ("--policy", policy, "--cpus", node.cpus, "--backend", "cgroup-v1",
                "--settle-period", str(node.settle_period_s), "--training-processes", training)
     if queue_file is not None:  # what waits for the node's GPUs, as a scheduler would tell it
         options += ("--pending", str(queue_file))
     if node.read_bps is not None and node.read_device is not None:
         options += ("--read-bps", str(int(node.read_bps)), "--read-device", node.read_device)
-    if node.without:
-        options += ("--without", node.without)
+    rules_off = ",".join(filter(None, (node.without, without)))
+    if rules_off:
+        options += ("--without", rules_off)
     return options
 
 

@@ -20,6 +20,7 @@ import test_outgrown
 import test_policies
 import test_safety_net
 from bench.ablation import ablate, effect, node_command
+from bench.runner import BenchError, NodeSetup, _controller_options, split_variant
 from controller.policies import AdaptiveRules, JobView, PolicyError, make_policy
 from controller.policies import adaptive
 from controller.policies.adaptive import AdaptivePolicy
@@ -133,11 +134,22 @@ def test_the_ablation_compares_each_rule_off_with_all_on_and_lists_rules_that_ch
     assert effect(scores, scores)["identical"] and effect(scores, scores)["candidate_for_removal"]
 
 
-def test_the_node_ablation_runs_adloader_bench_under_adaptive_without_one_rule(tmp_path: Path) -> None:
-    command = node_command(Path("mix.json"), "finishing_order", 2, tmp_path / "out.json", ("--scale", "0.1"))
-    assert command[1:] == ["-m", "adloader", "bench", "--mix", "mix.json", "--policies", "adaptive", "--repeats", "2",
-                           "--json", str(tmp_path / "out.json"), "--scale", "0.1", "--without", "finishing_order"]
-    assert "--without" not in node_command(Path("mix.json"), None, 2, tmp_path / "out.json")
+def test_the_node_ablation_interleaves_every_arm_in_one_adloader_bench_run(tmp_path: Path) -> None:
+    """One ``adloader bench`` per mix runs adaptive and each arm as policies of their own, so the
+    repeats alternate (A B C A B C); each arm's controller gets its rules as ``--without``."""
+    arms = [AdaptiveRules().without(["finishing_order"]), AdaptiveRules().without(["safety_net", "hysteresis"])]
+    command = node_command(Path("mix.json"), arms, 2, tmp_path / "out.json", ("--scale", "0.1"))
+    assert command[1:] == ["-m", "adloader", "bench", "--mix", "mix.json", "--policies",
+                           "adaptive,adaptive~finishing_order,adaptive~hysteresis+safety_net", "--repeats", "2",
+                           "--json", str(tmp_path / "out.json"), "--scale", "0.1"]
+    node = NodeSetup()
+    for policy, without in (("adaptive", None), ("adaptive~hysteresis+safety_net", "hysteresis,safety_net"),
+                            ("adaptive@with-loaders~finishing_order", "finishing_order")):
+        name, training, rules_off = split_variant(policy)
+        options = _controller_options(name, training, node, None, rules_off)
+        assert options[options.index("--without") + 1] == without if without else "--without" not in options
+    with pytest.raises(BenchError, match="no rule named fast_mode"):
+        split_variant("adaptive~fast_mode")
 
 
 def test_bench_simulate_records_the_rules_it_ran_without(tmp_path: Path) -> None:
