@@ -23,6 +23,7 @@ import shutil
 import sys
 import time
 import uuid
+import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,7 +125,7 @@ def run_policy(
     name a model send its features at registration; ``state_dir``: the controller's state
     and job history (default: a fresh one in the run's directory)."""
     label = label or policy
-    run_dir = workdir / f"{label}-{repeat}"
+    run_dir = workdir / f"{run_dir_name(label)}-{repeat}"
     shutil.rmtree(run_dir, ignore_errors=True)
     run_dir.mkdir(parents=True)
     os.chmod(run_dir, 0o755)
@@ -227,6 +228,13 @@ def job_command(spec: JobSpec, dataset: Path, timeline: Path, features: Path | N
     if compute != "sleep":
         command += ["--compute", compute]
     return command
+
+
+def run_dir_name(label: str) -> str:
+    """A run's directory name: its label, with an ablation's rules (after ``~``) shortened to their
+    checksum, so that the controller's socket inside stays within AF_UNIX's 108 bytes."""
+    name, tilde, rules = label.partition("~")
+    return f"{name}~{zlib.crc32(rules.encode()):08x}" if tilde else label
 
 
 def split_variant(policy: str) -> tuple[str, str, str | None]:

@@ -20,7 +20,7 @@ import test_outgrown
 import test_policies
 import test_safety_net
 from bench.ablation import ablate, effect, node_command
-from bench.runner import BenchError, NodeSetup, _controller_options, split_variant
+from bench.runner import BenchError, NodeSetup, _controller_options, run_dir_name, split_variant
 from controller.policies import AdaptiveRules, JobView, PolicyError, make_policy
 from controller.policies import adaptive
 from controller.policies.adaptive import AdaptivePolicy
@@ -150,6 +150,9 @@ def test_the_node_ablation_interleaves_every_arm_in_one_adloader_bench_run(tmp_p
         assert options[options.index("--without") + 1] == without if without else "--without" not in options
     with pytest.raises(BenchError, match="no rule named fast_mode"):
         split_variant("adaptive~fast_mode")
+    longest = "adaptive@with-loaders~" + "+".join(RULES)  # every rule off: the longest label
+    socket = Path("/tmp/adloader-bench/crossing-pair-sharp") / f"{run_dir_name(longest)}-10" / "s.sock"
+    assert len(str(socket)) < 108 and run_dir_name("adaptive") == "adaptive"
 
 
 def test_bench_simulate_records_the_rules_it_ran_without(tmp_path: Path) -> None:
