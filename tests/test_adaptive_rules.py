@@ -44,13 +44,9 @@ RULE_TESTS: dict[str, Callable[..., None]] = {
     "curve_only": test_a_newcomer_is_planned_from_its_curve_only,
     "outgrown_models": test_outgrown.test_adaptive_evens_out_the_equals_a_job_outgrew_its_model_into,
     "contended_reads": test_policies.test_a_lone_reader_is_not_throttled_a_newcomer_that_reads_brings_throttles_back,
-    "bandwidth_bound":
-        test_policies.test_a_reader_held_back_by_the_disk_gets_its_few_cores_at_once_one_held_back_by_cores_does_not,
     "kept_beside_newcomers": test_policies.test_a_measured_job_keeps_its_workers_while_newcomers_hold_placeholders,
     "idle_workers":
         test_change_rate.test_a_reader_whose_workers_mostly_wait_sheds_them_at_once_while_settling_once_a_minute_after,
-    "readers_sized_by_plan": test_change_rate.test_a_held_first_plan_still_sizes_a_readers_workers_by_its_reads,
-    "outgrown_workers": test_outgrown.test_a_job_that_outgrew_its_workers_gets_its_plans_workers_as_far_as_idle_cores_go,
     "equal_worth": test_flapping.test_jobs_worth_the_same_up_to_noise_get_the_same_weight_and_workers,
     "hysteresis": test_change_rate.test_the_jobs_left_are_planned_at_the_step_a_job_departs_on_the_lower_bar,
     "first_plan_bar": test_change_rate.test_a_job_is_planned_at_the_step_its_model_becomes_known_on_a_lower_bar,

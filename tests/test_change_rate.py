@@ -251,24 +251,3 @@ def test_a_reader_whose_workers_mostly_wait_sheds_them_at_once_while_settling_on
     computing = dataclasses.replace(unmodelled, cpu_s_per_sample=0.01)
     assert policy.allocate(NodeResources(cpus=(0, 1), read_bps=400e6, read_device="8:0"), [computing])["r"].workers \
         == held.workers
-
-
-def test_a_held_first_plan_still_sizes_a_readers_workers_by_its_reads() -> None:
-    """A reader a little short of keeping up (0.87 of its M, under the idle-reader rule's 0.9)
-    holds 3 workers; its first plan gains nothing and is held, but the plan sizes it 1 worker
-    from its timed loading, and that much of the plan is made at once (seeded random mix 17:
-    otherwise the idle-reader rule made it 2 s later, a settle past 5 s). Once the node has
-    settled, nothing but the idle-reader rule cuts a reader's workers."""
-    policy = AdaptivePolicy(gain_threshold=0.1, urgent_gain=0.3, min_change_interval_s=60.0, settle_s=10.0)
-    node = NodeResources(cpus=(0, 1))
-    reader = dict(bytes_per_sample=1e6, requested_workers=4, achieved=0.87 * 250.0, loads_in_flight=0.24)
-    first = policy.allocate(node, [job("r", 4, 250.0, 0.0002, **reader)])
-    held = dataclasses.replace(first["r"], workers=3)
-
-    def later(**fields: object) -> JobAllocation:
-        view = job("r", 4, 250.0, 0.0002, current=held, allocation_age_s=5.0, curve_windows=3, **{**reader, **fields})
-        return policy.allocate(node, [view])["r"]
-
-    assert later(since_event_s=4.0, newly_modelled=True) == dataclasses.replace(held, workers=1)
-    assert later(since_event_s=4.0) == held  # no plan anew: held whole
-    assert later(since_event_s=300.0, newly_modelled=True, loads_in_flight=2.9) == held  # all three loading

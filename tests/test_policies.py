@@ -169,21 +169,6 @@ def test_the_job_bound_by_reads_gets_the_bandwidth_and_more_workers_per_core() -
     assert allocation["reader"].workers > allocation["x"].workers
 
 
-def test_a_reader_held_back_by_the_disk_gets_its_few_cores_at_once_one_held_back_by_cores_does_not() -> None:
-    # both read 100 kB a sample; "hungry" would use 10 cores at full rate, "light" 0.5
-    hungry = job("hungry", m=1000.0, p=0.01, bytes_per_sample=1e5)
-    light = job("light", m=100.0, p=0.005, bytes_per_sample=1e5)
-    # 400 MB/s to share: the disk has room, cores hold "hungry" back, its weight is its cores
-    plenty = make_policy("adaptive").allocate(NODE, [hungry, light])
-    assert is_satisfied(plenty["light"]) and not is_satisfied(plenty["hungry"])
-    # 30 MB/s: the disk holds "hungry" at about 200 samples/s, which 2 of its 3.4 cores feed:
-    # it gets them at once
-    narrow = dataclasses.replace(NODE, read_bps=30e6)
-    scarce = make_policy("adaptive").allocate(narrow, [hungry, light])
-    assert is_satisfied(scarce["hungry"]) and is_satisfied(scarce["light"])
-    assert sum(a.read_bps for a in scarce.values()) <= narrow.read_bps
-
-
 def test_a_lone_reader_is_not_throttled_a_newcomer_that_reads_brings_throttles_back() -> None:
     reader = job("reader", m=1000.0, p=0.001, bytes_per_sample=1e6)  # wants 1 GB/s, the budget is 400 MB/s
     others = [job(name, m=200.0, p=0.001, bytes_per_sample=0.0) for name in "xyz"]

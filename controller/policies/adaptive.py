@@ -78,7 +78,6 @@ from controller.policies.shares import (
     spread,
     workers_follow_reads,
     workers_for_span,
-    workers_saturated,
 )
 
 log = logging.getLogger(__name__)
@@ -86,11 +85,6 @@ log = logging.getLogger(__name__)
 FINISH_FACTOR = 2.0
 """How many times the busy fraction of a job no other job is clearly shorter than, per GPU,
 outweighs that of one behind (see the module docstring). One step, not one per rank."""
-
-WORKERS_GROWTH = 1.25
-"""A job that outgrew its model with its workers all busy is given the plan's workers only where
-those are this many times its own or more (``_with_planned_workers``): a plan on a model made
-1.07x dearer offered a 64-core job's nine saturated workers a tenth, a change worth no change."""
 
 EQUALS_APART = 0.3
 """Busy fractions further apart than this, within a group of jobs worth the same that a job
@@ -102,8 +96,7 @@ allocation gives it is checked on completion times before it is made (the module
 
 
 KEEPS_UP = "it keeps up with its GPUs"
-SIZED_BY_HELD_PLAN = "as its reads need; the plan itself is held: it gains nothing"
-"""Why a reader's workers were cut, as logged: the idle-reader rule, or a held plan's sizing."""
+"""Why a reader's workers were cut, as logged by the idle-reader rule."""
 
 
 class AdaptivePolicy:
@@ -179,7 +172,7 @@ class AdaptivePolicy:
             if self.rules.equal_worth else (measured, [])
         target = self._target(node, jobs, models, weights, equals)
         if self._keep_current(node, jobs, models, weights, target, equals, outgrown):
-            return self._kept(node, jobs, models, target, outgrown)
+            return self._kept(node, jobs, outgrown)
         self._held_back = ()
         if log.isEnabledFor(logging.DEBUG):
             log.debug("%s: models behind the new allocation: %s", self.name, _planned(jobs, models, weights, target))
@@ -227,40 +220,20 @@ class AdaptivePolicy:
         read_bps = None
         if manage_io:
             read_bps = spread(bandwidth, {**reserved_io, **solution.read_bps}, floor=io_floor)
-        reads_exhausted = manage_io and sum(solution.read_bps.values()) >= free_io * (1 - 1e-6)
-        held_by_reads = self.rules.bandwidth_bound and reads_exhausted
-        satisfied = frozenset(
-            job_id for job_id, busy in solution.busy.items()
-            if busy >= SATISFIED or (held_by_reads and _bandwidth_bound(models[job_id], busy, solution.read_bps[job_id]))
-        )
+        satisfied = frozenset(job_id for job_id, busy in solution.busy.items() if busy >= SATISFIED)
         return allocations(
             node, jobs, {**reserved_cores, **solution.cores}, read_bps, satisfied, workers_follow_reads(node, models),
             self.workers_per_core, self.reader_workers_per_core,
         )
 
-    def _kept(self, node: NodeResources, jobs: Sequence[JobView], models: Mapping[str, JobModel], target: Allocation,
-              outgrown: frozenset[str]) -> Allocation:
-        """The current allocation, kept, where the once-a-minute rule allows a change: with the
-        target's workers for the jobs that outgrew their models on workers all busy
-        (:func:`_with_planned_workers`), its readers' idle workers shed
-        (:func:`_without_idle_workers`), and at a first plan or a departure its readers on the
-        fewer workers the plan sizes from their reads (:func:`_readers_sized_by_plan`)."""
+    def _kept(self, node: NodeResources, jobs: Sequence[JobView], outgrown: frozenset[str]) -> Allocation:
+        """The current allocation, kept, with its readers' idle workers shed
+        (:func:`_without_idle_workers`) where the once-a-minute rule allows a change."""
         kept = {job.job_id: job.current for job in jobs}
-        idle_cores = node.cores - sum(job.cores_used or 0.0 for job in jobs)
-        raised, grown = _with_planned_workers(jobs, kept, target, outgrown, idle_cores) \
-            if self.rules.outgrown_workers else (kept, ())
-        shed, cut = self._without_idle_workers(node, jobs, raised)
-        shed, sized = _readers_sized_by_plan(node, jobs, models, shed, target) \
-            if self.rules.readers_sized_by_plan and _plan_anew(jobs) else (shed, ())
-        if not (grown or cut or sized) or self._too_soon(jobs, shed, outgrown):
+        shed, cut = self._without_idle_workers(node, jobs, kept)
+        if not cut or self._too_soon(jobs, shed, outgrown):
             return kept
-        for job in grown:
-            log.info("%s: %s loads %.2f batches at once a rank on its %d workers, each on a core, %.1f cores idle "
-                     "on the node: %d workers (its plan on its dearer model: %d)", self.name, job.name,
-                     (job.loads_in_flight or 0.0) / max(1, job.ranks), job.current.workers, idle_cores,
-                     shed[job.job_id].workers, target[job.job_id].workers)
         self._log_cuts(cut, shed, KEEPS_UP)
-        self._log_cuts(sized, shed, SIZED_BY_HELD_PLAN)
         return shed
 
     def _without_idle_workers(self, node: NodeResources, jobs: Sequence[JobView], allocation: Allocation
@@ -454,33 +427,6 @@ def _evens_outgrown(
                for group in groups)
 
 
-def _with_planned_workers(jobs: Sequence[JobView], kept: Allocation, target: Allocation, outgrown: frozenset[str],
-                          idle_cores: float) -> tuple[Allocation, tuple[JobView, ...]]:
-    """``kept``, except that a job that has outgrown its model (``outgrown``,
-    controller/policies/outgrown.py) on workers all busy, each on a core of its own
-    (shares.workers_saturated), gets the workers ``target`` plans for it, where those are
-    WORKERS_GROWTH times its own or more, as far as the node's ``idle_cores`` (the CPU its
-    jobs' loaders used, not what the plan gave them) hold one worker more a rank each. Workers
-    follow the cores planned (shares.BURST_HEADROOM a core), and a job whose samples got dearer
-    (a phase) outgrows them before its curve follows: the target, on its model made dearer,
-    plans more, but with the job's weight already satisfied the predicted gain stays below the
-    threshold. A simulated 2-GPU job whose samples doubled in cost was left on its 6 workers,
-    0.85 busy beside 10 idle cores, for the 20 s its curve took to follow. More workers take no
-    core from another job (the weights decide that), and a job alone on 2 cores on 2 busy
-    workers gains nothing from a third. Also returns the jobs it gave more workers."""
-    result = dict(kept)
-    grown: list[JobView] = []
-    for job in jobs:
-        held, planned = kept[job.job_id].workers, target[job.job_id].workers
-        if job.job_id not in outgrown or held is None or planned is None or not workers_saturated(job):
-            continue
-        room = math.floor(idle_cores / max(1, job.ranks))
-        if room >= 1 and planned >= WORKERS_GROWTH * held:
-            result[job.job_id] = replace(kept[job.job_id], workers=min(planned, held + room))
-            grown.append(job)
-    return result, tuple(grown)
-
-
 def _workers_kept_beside_newcomers(node: NodeResources, jobs: Sequence[JobView], models: Mapping[str, JobModel],
                                    target: Allocation, workers_per_core: float) -> Allocation:
     """``target``, except that while a job is not yet measured, no measured job bound by its
@@ -522,22 +468,6 @@ def _without_idle_workers(node: NodeResources, jobs: Sequence[JobView], allocati
     goal), only the job's measured M and timed loading. Also returns the jobs it cut."""
     bandwidth = managed_bandwidth(node)
     return _with_fewer_workers(jobs, allocation, lambda job: idle_reader_workers(job, bandwidth))
-
-
-def _readers_sized_by_plan(node: NodeResources, jobs: Sequence[JobView], models: Mapping[str, JobModel],
-                           allocation: Allocation, target: Allocation) -> tuple[Allocation, tuple[JobView, ...]]:
-    """``allocation``, except that a reader whose workers follow its reads (shares.workers_follow_reads)
-    gets the fewer workers ``target`` sizes for it from its reads (shares.reader_workers). Called
-    where a first plan or a departure's plan is held for gaining nothing: the models do not
-    price a reader's workers, so that gain cannot weigh them, and the plan, made, would have
-    set them. Left to the idle-reader rule (:func:`_without_idle_workers`), which waits for the
-    reader to keep up over a whole window, the cut came later, as a change of its own: on
-    seeded random mix 17 a 4-GPU reader delivering 0.86-0.95 of its M was cut from 2 workers a
-    rank to the plan's 1 two seconds after its held first plan, 5.06 s after its first report.
-    Also returns the readers it cut."""
-    readers = workers_follow_reads(node, models)
-    return _with_fewer_workers(jobs, allocation,
-                               lambda job: target[job.job_id].workers if job.job_id in readers else None)
 
 
 def _with_fewer_workers(jobs: Sequence[JobView], allocation: Allocation,
@@ -601,20 +531,6 @@ def _plan_anew(jobs: Sequence[JobView]) -> bool:
     """True at a step where what the jobs hold was planned for another node: a job's model has
     just become known (its even share was a placeholder), or a job has just left."""
     return any(job.newly_modelled or job.departure_step for job in jobs)
-
-
-def _bandwidth_bound(model: JobModel, busy: float, read_bps: float) -> bool:
-    """True when the job reads all the bandwidth the plan gives it at ``busy``; with the node's
-    bandwidth all planned (the caller checks), that bandwidth is what holds it at ``busy``:
-    more cores would not make it busier, so, like a job the plan satisfies, it gets the few
-    cores it needs at once (a large weight) instead of a weight as small as those cores.
-    Planned as unsatisfied, a 4-GPU reader on seeded random mix 5 was given CPU weight 17 and
-    one worker while its reads were throttled, and lost 10-20% of its GPU time against
-    ``static``. The program plans every reader exactly the bandwidth it reads, so with
-    bandwidth to spare this alone would call a job held back by its cores satisfied: on
-    seeded random mix 9 a newcomer's first reads flipped a core-bound job's weight
-    100 -> 1100 -> 100 within a second."""
-    return model.bytes_per_sample > 0 and model.max_throughput * model.bytes_per_sample * busy >= read_bps * (1 - 1e-6)
 
 
 def _limits(allocation: JobAllocation) -> tuple[float | None, int | None, int | None]:

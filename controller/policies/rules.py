@@ -28,20 +28,12 @@ class AdaptiveRules:
     contended_reads: bool = True
     """Reads are throttled only while readers contend for the device (shares.contended_bandwidth);
     off: whenever the bandwidth is managed."""
-    bandwidth_bound: bool = True
-    """A job held by the bandwidth planned for it counts as satisfied (a large CPU weight)
-    (adaptive._bandwidth_bound)."""
     kept_beside_newcomers: bool = True
     """While a job is not yet measured, measured core-bound jobs keep their workers
     (adaptive._workers_kept_beside_newcomers)."""
     idle_workers: bool = True
     """A reader keeping up with its GPUs on idle workers gets only those it loads with
     (adaptive._without_idle_workers)."""
-    readers_sized_by_plan: bool = True
-    """A held first plan still sizes its readers' workers (adaptive._readers_sized_by_plan)."""
-    outgrown_workers: bool = True
-    """A job that outgrew its model on saturated workers gets its dearer plan's workers though the
-    plan is held (adaptive._with_planned_workers)."""
     equal_worth: bool = True
     """Jobs worth the same per core up to noise are pooled and kept equally busy
     (worth.pool_equal_worth, the program's max-min term per group)."""

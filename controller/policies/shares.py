@@ -61,13 +61,6 @@ with (:func:`reader_workers`): its reads keep up, and what it lacks is not reads
 LOADER_BUSY = 0.75
 """The share of its time a reader's worker is planned to spend loading (:func:`reader_workers`):
 the rest absorbs the batches that load slower than the mean."""
-WORKERS_SATURATED = 0.9
-"""A loader whose workers were timed loading at least this share of a window, each, has none
-waiting for a task (:func:`workers_saturated`)."""
-CORES_PER_BUSY_WORKER = 0.8
-"""...and one whose workers each used at least this much of a core was held by neither the CPU
-nor the disk: more workers would load more."""
-
 IO_FLOOR_FRACTION = 0.01
 """Each job keeps at least this fraction of the bandwidth, so a job that starts reading
 from the device (a cold page cache) is seen reading and measured instead of stalling."""
@@ -390,17 +383,6 @@ def idle_reader_workers(job: JobView, bandwidth: float | None) -> int | None:
         return None
     needed = max(1, math.ceil(_busy_workers(job) - 1e-9))
     return needed if needed < held else None
-
-
-def workers_saturated(job: JobView) -> bool:
-    """True when, over a window at the count it holds, every worker of ``job`` was loading
-    nearly all the time (WORKERS_SATURATED) on most of a core of its own
-    (CORES_PER_BUSY_WORKER): its workers, not its CPU weight or the disk, limit its loading."""
-    held = job.current.workers
-    if not held or job.steady_workers != held or job.loads_in_flight is None or job.cores_used is None:
-        return False
-    workers = held * max(1, job.ranks)
-    return job.loads_in_flight >= WORKERS_SATURATED * workers and job.cores_used >= CORES_PER_BUSY_WORKER * workers
 
 
 def _busy_workers(job: JobView) -> float:
