@@ -382,7 +382,7 @@ class Controller:
         faults.hit("register.after_cgroup")
         self.registry.register(
             job_id, name=message.name, uid=peer.uid, gpus=message.gpus, launcher_pid=peer.pid, cgroup=cgroup,
-            requested_workers=message.num_workers, features=message.features, total_samples=message.samples,
+            requested_workers=message.num_workers, features=message.features, declared_samples=message.samples,
         )
         connection.job_id = job_id
         connection.verified_jobs.add(job_id)

@@ -35,8 +35,9 @@ from controller.snapshot import JobSnapshot
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
-"""2 added ``exit_code``; version 1 files are migrated, their runs' exit status unknown."""
+SCHEMA_VERSION = 3
+"""2 added ``exit_code``, 3 ``declared_samples``; older files are migrated, what they did not
+record unknown (NULL)."""
 MAX_RECORDS = 20000
 """Oldest records beyond this many are dropped."""
 VOLATILE_FEATURES = frozenset({"gpus", "allreduce_bytes"})
@@ -60,7 +61,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     duration_s REAL NOT NULL,
     loading_curve TEXT NOT NULL DEFAULT '[]',
     finished_at REAL NOT NULL,
-    exit_code INTEGER
+    exit_code INTEGER,
+    declared_samples INTEGER
 );
 CREATE INDEX IF NOT EXISTS jobs_identity ON jobs (name, features_key);
 CREATE INDEX IF NOT EXISTS jobs_features ON jobs (features_key);
@@ -90,6 +92,8 @@ class FinishedJob:
     exit_code: int | None = None
     """The command's exit code as the launcher reported it (128+N: killed by signal N);
     None when the launcher went away without reporting one."""
+    declared_samples: int | None = None
+    """The length the job declared at registration (``adloader run --samples``); None: none."""
 
     @property
     def completed(self) -> bool:
@@ -106,6 +110,7 @@ class FinishedJob:
         loading_curve: Sequence[tuple[float, float]] = (),
         device: str = "",
         finished_at: float | None = None,
+        declared_samples: int | None = None,
     ) -> "FinishedJob":
         """Build the record from the registry's final snapshot of the job. ``features`` and
         ``loading_curve`` default to the snapshot's own when it carries them."""
@@ -129,6 +134,7 @@ class FinishedJob:
             bytes_per_sample=snapshot.read_bytes_total / samples if samples else None,
             loading_curve=tuple((float(c), float(s)) for c, s in curve),
             exit_code=exit_code,
+            declared_samples=declared_samples,
         )
 
 
@@ -202,10 +208,12 @@ class JobHistory:
     def _create(self) -> None:
         with closing(self._connect()) as connection, connection:
             version = connection.execute("PRAGMA user_version").fetchone()[0]
-            if version not in (0, 1, SCHEMA_VERSION):
+            if version not in (0, 1, 2, SCHEMA_VERSION):
                 raise sqlite3.DatabaseError(f"schema version {version}, this controller writes {SCHEMA_VERSION}")
             if version == 1:  # runs recorded before exit codes were: their status stays unknown (NULL)
                 connection.execute("ALTER TABLE jobs ADD COLUMN exit_code INTEGER")
+            if version in (1, 2):  # runs recorded before declared lengths were: unknown (NULL)
+                connection.execute("ALTER TABLE jobs ADD COLUMN declared_samples INTEGER")
             connection.executescript(_SCHEMA)
             connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
@@ -219,13 +227,13 @@ class JobHistory:
             finished.batch_size, _finite(finished.predicted_sps), _finite(finished.measured_sps),
             _finite(finished.cpu_s_per_sample), _finite(finished.bytes_per_sample), finished.samples,
             finished.duration_s, json.dumps([list(p) for p in finished.loading_curve]), finished.finished_at,
-            finished.exit_code,
+            finished.exit_code, finished.declared_samples,
         )
         with closing(self._connect()) as connection, connection:
             connection.execute(
                 "INSERT INTO jobs (job_id, name, features_key, features, device, gpus, batch_size, predicted_sps,"
                 " measured_sps, cpu_s_per_sample, bytes_per_sample, samples, duration_s, loading_curve, finished_at,"
-                " exit_code) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
+                " exit_code, declared_samples) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", row)
             connection.execute(
                 "DELETE FROM jobs WHERE id <= (SELECT id FROM jobs ORDER BY id DESC LIMIT 1 OFFSET ?)",
                 (self.max_records,))
@@ -300,7 +308,7 @@ def _finished(r: sqlite3.Row) -> FinishedJob:
         measured_sps=r["measured_sps"], cpu_s_per_sample=r["cpu_s_per_sample"],
         bytes_per_sample=r["bytes_per_sample"],
         loading_curve=tuple((float(c), float(s)) for c, s in json.loads(r["loading_curve"])),
-        exit_code=r["exit_code"],
+        exit_code=r["exit_code"], declared_samples=r["declared_samples"],
     )
 
 

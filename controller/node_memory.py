@@ -91,51 +91,54 @@ class NodeMemory:
 
     def record(
         self, snapshot: JobSnapshot, features: dict[str, float] | None, loading_curve: tuple[tuple[float, float], ...],
-        exit_code: int | None,
+        exit_code: int | None, declared_samples: int | None = None,
     ) -> None:
-        """Store a finished job with its exit status (only one that processed samples: an aborted
-        start teaches nothing)."""
+        """Store a finished job with its exit status and declared length (only one that processed
+        samples: an aborted start teaches nothing)."""
         history = self.history
         if history is None or snapshot.samples_total <= 0:
             return
         history.record(FinishedJob.from_snapshot(snapshot, exit_code=exit_code, features=features,
-                                                 loading_curve=loading_curve, device=self.device))
+                                                 loading_curve=loading_curve, device=self.device,
+                                                 declared_samples=declared_samples))
 
-    def _learnt_length(self, history: JobHistory, name: str, features: dict[str, float] | None) -> float | None:
-        """The length the history's forest predicts for a job none of whose own runs completed
-        here (the interval's long end where uncertain: controller/remaining.py); None when it
-        cannot tell. A failing fit never refuses a job."""
+    def _learnt_length(self, history: JobHistory, name: str, features: dict[str, float] | None,
+                       declared: int | None) -> float | None:
+        """The length the history's forests predict for a job (a fraction of its declared length
+        where it declares one; the interval's long end where uncertain: controller/remaining.py);
+        None when they cannot tell. A failing fit never refuses a job."""
         from controller.remaining import LearntLengths  # scikit-learn once a length is to be learnt
         from throughput_model.lengths import ranking_length
 
         if self._lengths is None:
             self._lengths = LearntLengths(history)
         try:
-            prediction = self._lengths.predict(name, int((features or {}).get("gpus", 1)), features)
+            prediction = self._lengths.predict(name, int((features or {}).get("gpus", 1)), features,
+                                               declared=declared)
         except Exception:
             log.exception("predicting the length of job %s from the history failed", name)
             return None
         length, source = ranking_length(prediction, None)
-        if length is not None:
-            log.info("job %s: length %.0f samples learnt from the history (%s; interval %.0f-%.0f)", name, length,
-                     source, prediction.low, prediction.high)
+        if prediction is not None and length is not None:
+            log.info("job %s: length %.0f samples learnt from the history (%s; interval %.0f-%.0f%s)", name, length,
+                     source, prediction.low, prediction.high, f"; declared {declared}" if declared else "")
         return length
 
-    def recall(self, name: str, features: dict[str, float] | None) -> Recollection | None:
-        """What earlier runs of the same job (same name and features) measured, or None."""
+    def recall(self, name: str, features: dict[str, float] | None,
+               declared: int | None = None) -> Recollection | None:
+        """What the history says of a job: its length learnt by the forests first, else that of
+        its own completed runs (same name and features), else none (the registry keeps the declared
+        length); and what its own earlier runs measured. None: nothing."""
         history = self.history
         if history is None:
             return None
         estimate = history.lookup(name, features)
-        if estimate is None or not estimate.samples:
-            learnt = self._learnt_length(history, name, features)
-            if estimate is None:
-                return Recollection(samples=learnt) if learnt else None
-        else:
-            learnt = None
+        learnt = self._learnt_length(history, name, features, declared)
+        if estimate is None:
+            return Recollection(samples=learnt) if learnt else None
         cost = estimate.cpu_s_per_sample
         if estimate.loading_curve:  # the group's CPU per sample, what the curve models: preferred
             cores, samples_per_s = estimate.loading_curve[-1]
             cost = cores / samples_per_s if samples_per_s > 0 else cost
-        return Recollection(samples=estimate.samples or learnt, cpu_s_per_sample=cost,
+        return Recollection(samples=learnt or estimate.samples, cpu_s_per_sample=cost,
                             bytes_per_sample=estimate.bytes_per_sample)

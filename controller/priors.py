@@ -20,11 +20,12 @@ Prediction = tuple[float, float, float]
 Predictor = Callable[[dict[str, float], int], "Prediction | None"]
 """(features, gpus) -> (M, low, high) samples/s, or None when it cannot tell."""
 JobFinishedHook = Callable[
-    ["JobSnapshot", "dict[str, float] | None", "tuple[tuple[float, float], ...]", "int | None"], None]
+    ["JobSnapshot", "dict[str, float] | None", "tuple[tuple[float, float], ...]", "int | None", "int | None"], None]
 """(final snapshot, the job's model features, its fitted loading-curve points, its exit code or None
-if the launcher went away without one): the job history's input."""
-Recall = Callable[[str, "dict[str, float] | None"], "Recollection | None"]
-"""(name, features) -> what earlier runs of the same job measured, or None (not a recurring job)."""
+if the launcher went away without one, the length it declared or None): the job history's input."""
+Recall = Callable[[str, "dict[str, float] | None", "int | None"], "Recollection | None"]
+"""(name, features, declared length or None) -> what earlier runs of the same job, or of jobs like
+it, say of it; None: nothing (neither it nor its kind ran here)."""
 
 
 @dataclass(frozen=True)

@@ -100,5 +100,5 @@ def persisted_of(job: "Job", allocation: JobAllocations) -> PersistedJob:
         job_id=job.job_id, name=job.name, uid=job.uid, gpus=job.gpus, launcher_pid=job.launcher_pid,
         registered_at=job.registered_at, cgroup=job.cgroup, wanted=allocation.wanted, applied=allocation.applied,
         requested_workers=job.requested_workers, features=job.features, remaining_samples=job.remaining,
-        model=learnt_model_of(job), pinned_workers=job.pinned_workers,
+        model=learnt_model_of(job), pinned_workers=job.pinned_workers, declared_samples=job.declared_samples,
     )

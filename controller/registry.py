@@ -49,7 +49,10 @@ class Job:
     """(M, low, high) from the predictor, until measurements take over."""
     remaining_samples: float | None = None
     total_samples: int | None = None
-    """The job's length as it declared it at registration (``adloader run --samples``)."""
+    """The job's length, as ranked: learnt from the node's history where it can be
+    (controller/remaining.py), else as declared, else None (unknown)."""
+    declared_samples: int | None = None
+    """The length the job declared at registration (``adloader run --samples``)."""
     connected: bool = True
     """The launcher's registration connection is open."""
     exit_code: int | None = None
@@ -85,8 +88,8 @@ class Job:
 
     @property
     def remaining(self) -> float | None:
-        """Samples left: the declared length minus what the ranks reported, else what
-        history or the state file said (None: unknown)."""
+        """Samples left: the job's length minus what the ranks reported, else what the
+        state file said (None: unknown)."""
         if self.total_samples is None:
             return self.remaining_samples
         done = sum(window[-1][1].samples for window in self.ranks.values() if window)
@@ -151,13 +154,14 @@ class Registry:
         cgroup: str,
         requested_workers: int | None = None,
         features: dict[str, float] | None = None,
-        total_samples: int | None = None,
+        declared_samples: int | None = None,
     ) -> Job:
         now = self._wall_clock()
         job = Job(
             job_id=job_id, name=name, uid=uid, gpus=gpus, launcher_pid=launcher_pid, registered_at=now,
             arrival_s=now - self._started_wall, cgroup=cgroup, requested_workers=requested_workers,
-            features=features, total_samples=total_samples, watched_since=self._clock(),
+            features=features, total_samples=declared_samples, declared_samples=declared_samples,
+            watched_since=self._clock(),
         )
         self._remember(job)
         job.predicted = self._predict(job)
@@ -165,17 +169,19 @@ class Registry:
         return job
 
     def _remember(self, job: Job) -> None:
-        """Give a recurring job what its earlier runs measured: its length (unless it declared
-        one) and its loading cost, the prior of its loading curve until its own windows count."""
-        recollection = self._recall(job.name, job.features) if self._recall is not None else None
+        """Give a job what the node's history says of it: its length (learnt before declared)
+        and, for a recurring job, its loading cost, the prior of its loading curve until its own
+        windows count."""
+        recall = self._recall
+        recollection = recall(job.name, job.features, job.declared_samples) if recall is not None else None
         if recollection is None:
             return
         job.recollection = recollection
-        if job.total_samples is None and recollection.samples:
+        if recollection.samples:
             job.total_samples = int(recollection.samples)
         if recollection.cpu_s_per_sample:
             job.loading_curve = LoadingCurveEstimator(prior_cpu_s_per_sample=recollection.cpu_s_per_sample)
-        log.info("job %s (%s) recurs: expecting %s samples at %s ms of CPU each, as its earlier runs",
+        log.info("job %s (%s): the node's history expects %s samples at %s ms of CPU each",
                  job.job_id, job.name, f"{job.total_samples:d}" if job.total_samples else "unknown",
                  f"{1000 * recollection.cpu_s_per_sample:.2f}" if recollection.cpu_s_per_sample else "unknown")
 
@@ -189,6 +195,7 @@ class Registry:
             requested_workers=persisted.requested_workers, features=persisted.features,
             remaining_samples=persisted.remaining_samples, connected=False, adopted=True,
             restored=persisted.model, watched_since=self._clock(), pinned_workers=persisted.pinned_workers,
+            declared_samples=persisted.declared_samples,
         )
         job.loading_curve.resume(persisted.model.loading_observations)
         job.predicted = self._predict(job)
@@ -207,7 +214,8 @@ class Registry:
         final = snapshot_of(job, allocation or JobAllocations(), pids)
         if self._on_job_finished is not None:
             try:
-                self._on_job_finished(final, job.features, tuple(job.loading_curve.points()), job.exit_code)
+                self._on_job_finished(final, job.features, tuple(job.loading_curve.points()), job.exit_code,
+                                      job.declared_samples)
             except Exception:  # a history bug must not stop the controller from freeing the job
                 log.exception("on_job_finished hook failed for job %s", job_id)
         return final

@@ -1,10 +1,10 @@
 """A job's length, learnt from this node's history, for ``jct`` to rank by (A-SRPT).
 
 Reads the completed runs of the job history (controller/history.py) and fits the remaining-
-length forest of throughput_model/lengths.py on them, again only once the history has grown
-by ``REFIT_AFTER`` runs. ``python -m controller.remaining`` prints the forest's error leaving
-each job's own runs out: on this node's history (``--history``), or on a generated recurring
-history (``--generated``).
+length forests of throughput_model/lengths.py on them (absolute lengths; fractions of the
+declared length), again only once the history has grown by ``REFIT_AFTER`` runs. ``python -m
+controller.remaining`` prints the forests' error leaving each job's own runs out: on this
+node's history (``--history``), or on a generated recurring history (``--generated``).
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Mapping, Sequence
 
 from controller.history import FinishedJob, JobHistory
 from throughput_model.lengths import (
-    MIN_RECORDS, LengthForest, LengthPrediction, LengthRecord, leave_own_out_error, recurring_history,
+    LengthForest, LengthPrediction, LengthRecord, fitted_forests, leave_own_out_error, recurring_history,
 )
 
 log = logging.getLogger(__name__)
@@ -27,31 +27,31 @@ REFIT_AFTER = 10
 def length_records(runs: Sequence[FinishedJob]) -> list[LengthRecord]:
     """The history's completed runs as the forest learns from them."""
     return [LengthRecord(name=run.name, gpus=run.gpus, samples=float(run.samples), batch_size=run.batch_size,
-                         features=run.features or {}) for run in runs if run.completed]
+                         features=run.features or {}, declared=run.declared_samples)
+            for run in runs if run.completed]
 
 
 class LearntLengths:
-    """Predicted lengths from a job history; None where it cannot tell (too few runs)."""
+    """Predicted lengths from a job history; None where it cannot tell (too few runs of the kind:
+    declaring a length, or any)."""
 
     def __init__(self, history: JobHistory) -> None:
         self.history = history
-        self._forest: LengthForest | None = None
+        self._forests: dict[bool, LengthForest] = {}
         self._fitted_on = -REFIT_AFTER
 
     def predict(self, name: str, gpus: int, features: Mapping[str, float] | None,
-                batch_size: int | None = None) -> LengthPrediction | None:
-        forest = self._current()
-        if forest is None:
-            return None
-        return forest.predict(LengthRecord(name=name, gpus=gpus, batch_size=batch_size, features=features or {}))
+                batch_size: int | None = None, declared: float | None = None) -> LengthPrediction | None:
+        job = LengthRecord(name=name, gpus=gpus, batch_size=batch_size, features=features or {}, declared=declared)
+        forest = self._current().get(job.declares)
+        return forest.predict(job) if forest is not None else None
 
-    def _current(self) -> LengthForest | None:
+    def _current(self) -> dict[bool, LengthForest]:
         runs = self.history.completed_runs()
-        if len(runs) >= self._fitted_on + REFIT_AFTER or (self._forest is None and len(runs) > self._fitted_on):
+        if len(runs) >= self._fitted_on + REFIT_AFTER or (len(self._forests) < 2 and len(runs) > self._fitted_on):
             self._fitted_on = len(runs)
-            records = length_records(runs)
-            self._forest = LengthForest(records) if len(records) >= MIN_RECORDS else None
-        return self._forest
+            self._forests = fitted_forests(length_records(runs))
+        return self._forests
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -78,6 +78,11 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"truth within the interval {100 * figures['in_interval']:.0f}%; uncertain {100 * figures['uncertain']:.0f}% "
           f"(ranked by the interval's long end); ranked length not below the truth "
           f"{100 * figures['ranked_not_short']:.0f}%")
+    if figures.get("declaring_runs"):
+        print(f"  the {figures['declaring_runs']:.0f} runs that declared a length: the forest's median error "
+              f"{100 * figures['declaring_median_error']:.0f}%, 90th percentile {100 * figures['declaring_p90_error']:.0f}%; "
+              f"the declared length as it is: {100 * figures['declared_median_error']:.0f}%, "
+              f"{100 * figures['declared_p90_error']:.0f}%")
     return 0
 
 

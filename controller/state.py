@@ -71,6 +71,8 @@ class PersistedJob:
     model: LearntModel = LearntModel()
     pinned_workers: int | None = None
     """Workers, all ranks, an operator pinned the job to (``adloader workers``); None: the policy's."""
+    declared_samples: int | None = None
+    """The length the job declared at registration: the history records it when the job ends."""
 
 
 @dataclass(frozen=True)

@@ -119,6 +119,29 @@ def test_a_version_1_history_is_migrated_with_exit_status_unknown(tmp_path, mlp_
     assert history.lookup("old", None).samples == 8_000
 
 
+def test_a_version_2_history_is_migrated_with_declared_lengths_unknown(tmp_path) -> None:
+    path = tmp_path / "h.sqlite"
+    with sqlite3.connect(path) as connection:  # the schema as version 2 wrote it
+        connection.executescript("""
+            CREATE TABLE jobs (id INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, name TEXT NOT NULL,
+                features_key TEXT, features TEXT, device TEXT NOT NULL DEFAULT '', gpus INTEGER NOT NULL,
+                batch_size INTEGER, predicted_sps REAL, measured_sps REAL, cpu_s_per_sample REAL,
+                bytes_per_sample REAL, samples INTEGER NOT NULL, duration_s REAL NOT NULL,
+                loading_curve TEXT NOT NULL DEFAULT '[]', finished_at REAL NOT NULL, exit_code INTEGER);
+            INSERT INTO jobs (job_id, name, gpus, measured_sps, samples, duration_s, finished_at, exit_code)
+                VALUES ('j1', 'old', 1, 200.0, 7800, 60.0, 1060.0, 0);
+            PRAGMA user_version = 2;
+        """)
+    history = JobHistory(path)
+    (old,) = list(history)
+    assert old.completed and old.declared_samples is None
+    history.record(FinishedJob.from_snapshot(_snapshot("old", 8_000, 210.0), exit_code=0, finished_at=1100.0,
+                                             declared_samples=20_000))
+    assert [(job.samples, job.declared_samples) for job in history] == [(7800, None), (8_000, 20_000)]
+    with sqlite3.connect(path) as connection:
+        assert connection.execute("PRAGMA user_version").fetchone()[0] == 3
+
+
 def test_oldest_records_are_dropped_beyond_the_bound(tmp_path, mlp_features) -> None:
     history = JobHistory(tmp_path / "h.sqlite", max_records=3)
     for i in range(5):

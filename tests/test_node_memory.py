@@ -81,7 +81,7 @@ def test_prediction_history_and_recurrence_end_to_end(
 
     second = controller.run(*command, name="mlp", options=options)
     again = controller.registered(second)
-    assert f"recurs: expecting {trained} samples" in controller.log()
+    assert f"the node's history expects {trained} samples" in controller.log()
     # The recurring job's first estimate is the M its earlier run measured, not the model's.
     assert again.max_sps_predicted == pytest.approx(recorded.max_throughput)
     wait_until(lambda: any(j.launcher_pid == second.pid and j.samples_total > 0 for j in controller.status().jobs),

@@ -241,25 +241,26 @@ def test_snapshots_sum_ranks_and_the_idle_ratio_follows_achieved_over_max(clock:
 
 
 def test_persisted_jobs_are_adopted_disconnected_and_the_history_hook_gets_the_final_snapshot(clock: Clock) -> None:
-    finished: list[tuple[JobSnapshot, object, object, object]] = []
-    registry = _registry(clock, on_job_finished=lambda *args: finished.append(args))
-    _register(registry, requested_workers=4, features={"flops": 1.0})
+    finished: list[tuple[JobSnapshot, object, object, object, object]] = []
+    registry = _registry(clock)
+    _register(registry, requested_workers=4, features={"flops": 1.0}, declared_samples=5000)
     allocations = AllocationStore()
     allocations.want("j1", JobAllocation(cores=1.0, workers=1))
     saved = registry.persisted(allocations)
-    restarted, restored = _registry(clock), AllocationStore()
+    restarted, restored = _registry(clock, on_job_finished=lambda *args: finished.append(args)), AllocationStore()
     job = restarted.adopt(saved["j1"])
     restored.restore("j1", saved["j1"].wanted, saved["j1"].applied)
     assert (job.connected, job.adopted, restored.get("j1").wanted, job.requested_workers) == (
         False, True, JobAllocation(cores=1.0, workers=1), 4)
     assert restarted.persisted(restored) == saved
-    registry.end("j1", 3)
-    final = registry.remove("j1", pids=set(), cpu_seconds=9.5)
-    assert finished == [(final, {"flops": 1.0}, (), 3)] and final is not None and final.cpu_seconds_total == 9.5 and "j1" not in registry
+    restarted.end("j1", 3)
+    final = restarted.remove("j1", pids=set(), cpu_seconds=9.5)
+    # the declared length survives the restart: the history records it with the run
+    assert finished == [(final, {"flops": 1.0}, (), 3, 5000)] and final is not None and final.cpu_seconds_total == 9.5 and "j1" not in restarted
 
 
 def test_a_failing_history_hook_does_not_keep_the_job(clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
-    def broken(snapshot: JobSnapshot, features: object, curve: object, exit_code: object) -> None:
+    def broken(snapshot: JobSnapshot, features: object, curve: object, exit_code: object, declared: object) -> None:
         raise OSError("disk full")
 
     registry = _registry(clock, on_job_finished=broken)
@@ -270,17 +271,19 @@ def test_a_failing_history_hook_does_not_keep_the_job(clock: Clock, caplog: pyte
 
 
 def test_a_recurring_job_gets_its_length_and_loading_cost_from_history_before_any_report(clock: Clock) -> None:
-    asked: list[tuple[str, object]] = []
+    asked: list[tuple[str, object, int | None]] = []
 
-    def recall(name: str, features: object) -> Recollection | None:
-        asked.append((name, features))
+    def recall(name: str, features: object, declared: int | None) -> Recollection | None:
+        asked.append((name, features, declared))
         return Recollection(samples=1000.0, cpu_s_per_sample=0.004, bytes_per_sample=2048.0) if name == "resnet" else None
 
     registry = _registry(clock, recall=recall)
-    job = registry.register("j1", name="resnet", uid=0, gpus=1, launcher_pid=1, cgroup="g", features={"flops": 2.0})
+    job = registry.register("j1", name="resnet", uid=0, gpus=1, launcher_pid=1, cgroup="g", features={"flops": 2.0},
+                            declared_samples=3000)
     other = registry.register("j2", name="new", uid=0, gpus=1, launcher_pid=2, cgroup="g")
-    assert asked == [("resnet", {"flops": 2.0}), ("new", None)]
-    assert job.remaining == 1000.0
+    assert asked == [("resnet", {"flops": 2.0}, 3000), ("new", None, None)]
+    # the length learnt from the history goes before the declared one, which the history keeps
+    assert job.remaining == 1000.0 and job.declared_samples == 3000
     assert other.remaining is None
     recurring, new = registry.views({})
     # Before its first report the recurring job's loading curve is its history's: 1 core buys 250 samples/s.

@@ -33,7 +33,7 @@ def test_the_launcher_takes_the_length_on_its_command_line() -> None:
 
 def test_remaining_samples_count_down_over_all_ranks_and_the_length_stays() -> None:
     registry = Registry(window_s=5.0, clock=lambda: 100.0, wall_clock=lambda: 1.7e9)
-    registry.register("j1", name="bert", uid=0, gpus=2, launcher_pid=1, cgroup="/cg/j1", total_samples=10_000)
+    registry.register("j1", name="bert", uid=0, gpus=2, launcher_pid=1, cgroup="/cg/j1", declared_samples=10_000)
     assert registry.views({})[0].remaining_samples == 10_000
     registry.record_report("j1", _report(0, 3_000))
     registry.record_report("j1", _report(1, 2_500))

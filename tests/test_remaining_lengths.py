@@ -41,6 +41,25 @@ def test_lengths_are_learnt_from_other_jobs_of_the_same_kind() -> None:
     assert prediction.samples == pytest.approx(family.samples, rel=0.3)  # its own runs are in this forest
 
 
+def test_a_declaring_job_is_predicted_as_the_fraction_of_its_declared_length_its_kind_trains() -> None:
+    # fine-tunes declare a budget and stop early, at 30-60% of it; pretraining runs it out
+    history = recurring_history(seed=1)
+    figures = leave_own_out_error(history)
+    assert figures["declaring_runs"] >= 40
+    # learnt from the other jobs, the fraction beats the declared length taken as it is
+    assert figures["declaring_median_error"] < figures["declared_median_error"]
+    assert figures["declaring_p90_error"] < figures["declared_p90_error"]
+    fractions = LengthForest(history, of_declared=True)
+    finetune = next(r for r in history if "finetune" in r.name)
+    # declared ten times longer than anything seen, it is still predicted as that fraction of it
+    larger = LengthRecord(name=finetune.name, gpus=finetune.gpus, batch_size=finetune.batch_size,
+                          features=finetune.features, declared=10 * (finetune.declared or 0.0))
+    prediction = fractions.predict(larger)
+    assert 0.25 * larger.declared <= prediction.samples <= 0.65 * larger.declared  # type: ignore[operator]
+    with pytest.raises(ValueError, match="declares no length"):
+        fractions.predict(LengthRecord(name="eval-x", gpus=1))
+
+
 def test_too_short_a_history_learns_nothing() -> None:
     with pytest.raises(ValueError, match="at least"):
         LengthForest(recurring_history(families=1, runs_per_family=3))
@@ -49,7 +68,8 @@ def test_too_short_a_history_learns_nothing() -> None:
 def _record(history: JobHistory, run: LengthRecord, index: int, exit_code: int = 0) -> None:
     history.record(FinishedJob(job_id=f"j{index}", name=run.name, gpus=run.gpus, samples=int(run.samples or 0),
                                duration_s=60.0, finished_at=1000.0 + index, features=dict(run.features),
-                               batch_size=run.batch_size, exit_code=exit_code))
+                               batch_size=run.batch_size, exit_code=exit_code,
+                               declared_samples=int(run.declared) if run.declared else None))
 
 
 def test_the_controller_recalls_a_learnt_length_for_a_job_that_never_completed_here(
@@ -69,9 +89,13 @@ def test_the_controller_recalls_a_learnt_length_for_a_job_that_never_completed_h
     assert recollection is not None and recollection.samples is not None
     lengths = sorted(r.samples for r in runs if r.samples)
     assert lengths[0] <= recollection.samples <= lengths[-1] * 2
-    # a job that ran here before keeps the length of its own completed runs
+    # a job that ran here before: the forest, which learnt from its runs too, predicts it near them
     own = memory.recall(known.name, dict(known.features))
     assert own is not None and own.samples == pytest.approx(
-        sorted(r.samples for r in runs if r.name == known.name)[1])
+        sorted(r.samples for r in runs if r.name == known.name)[1], rel=0.3)
+    # a declared length: predicted as the fraction of it that runs of its kind trained
+    if known.declared:
+        declaring = memory.recall(known.name, dict(known.features), int(known.declared))
+        assert declaring is not None and declaring.samples == pytest.approx(known.samples, rel=0.3)
     assert main(["--history", str(memory.path)]) == 0
     assert "median error" in capsys.readouterr().out
