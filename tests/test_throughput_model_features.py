@@ -20,6 +20,7 @@ from throughput_model.counting import (
 )
 from throughput_model import features as features_module
 from throughput_model.features import FEATURE_KEYS, MAX_KEYS, describe
+from throughput_model.predict import InsufficientFeatures, predict
 from throughput_model.zoo import FAMILIES, ZOO, classification_loss, resnet50
 
 
@@ -251,6 +252,9 @@ def test_what_cannot_be_counted_is_said(monkeypatch) -> None:
     assert any("stand-ins too (ValueError: a constant batch)" in note for note in description.notes)
     assert any("could not count the forward" in note for note in description.notes)
     assert description.features["params"] == 2 * (64 + 8)  # parameter sizes are still known
+    # a step estimated from its optimizer alone is no prediction: the job is measured only
+    with pytest.raises(InsufficientFeatures, match="forward pass could not be counted"):
+        predict(description.features, device="H100")
     monkeypatch.setattr(features_module, "REPLAY_MAX_BYTES", 100)
     too_large = describe(DataDependent(), torch.randn(4, 8))
     assert too_large.features["count_complete"] == 0.0
@@ -285,6 +289,7 @@ def test_a_failed_backward_is_estimated_from_the_forward(monkeypatch) -> None:
     assert any("backward" in note for note in description.notes)
     assert features["flops_backward"] == 2 * features["flops_forward"] > 0
     assert features["optimizer_bytes"] > 0 and features["optimizer_ops"] > 0
+    assert predict(features, device="H100").samples_per_s > 0  # the forward counted: predicted, widened
 
 
 def test_allreduce_volume_follows_the_gpu_count() -> None:

@@ -63,6 +63,19 @@ class Prediction:
         return text + "".join(f"\n  note: {n}" for n in self.notes)
 
 
+def require_work(features: Mapping[str, float]) -> None:
+    """InsufficientFeatures unless ``features`` count a step's work. A model whose forward pass
+    could not be counted (neither on the meta device nor on stand-ins) has no counted work, and a
+    step estimated from what remains (its optimizer) was off by 400x to 100,000x on the public
+    set: such a job is measured only, never predicted."""
+    if float(features.get("batch_size", 0.0)) <= 0 or features.get("ops_total", 0.0) <= 0:
+        raise InsufficientFeatures("the features describe no work (batch_size or ops_total missing); "
+                                   "send adloader.describe_model(model, batch) output")
+    if features.get("count_complete", 1.0) < 1.0 and features.get("flops_forward", 0.0) <= 0:
+        raise InsufficientFeatures("the model's forward pass could not be counted (describe_model's notes say "
+                                   "why): nothing to predict from, so the job is measured only")
+
+
 def resolve_device(name: str) -> Device:
     """"cpu" (this host at torch's current thread count), "cpu:N" (N threads), or a GPU name."""
     lowered = name.strip().lower()
@@ -81,11 +94,9 @@ def predict(
     corpus: Path | None = None,
 ) -> Prediction:
     """Max throughput of the job ``features`` describes on ``gpus`` devices of kind ``device``."""
+    require_work(features)
     target = device if isinstance(device, Device) else resolve_device(device)
     batch = float(features.get("batch_size", 0.0))
-    if batch <= 0 or features.get("ops_total", 0.0) <= 0:
-        raise InsufficientFeatures("the features describe no work (batch_size or ops_total missing); "
-                                   "send adloader.describe_model(model, batch) output")
     gpus = max(1, int(gpus))
     notes: list[str] = []
     comm = allreduce_seconds(features, gpus, target)

@@ -258,7 +258,7 @@ def run(per_family: int = PER_FAMILY, families: tuple[str, ...] | None = None, m
             numbers = {k: (calibrations[-2]["numbers"][k] + calibrations[-1]["numbers"][k]) / 2
                        for k in calibrations[-1]["numbers"]}
             device = cpu_device(numbers, threads, cpu_model_name())
-            predicted = fitted.step_seconds(description.features, device)
+            predicted = _predicted_step_s(fitted, description.features, device)
             rows.append({**asdict(candidate), "params": int(description.features["params"]),
                          "count_complete": description.features["count_complete"], "notes": list(description.notes),
                          **measured, "predicted_step_s": predicted if predicted > 0 else None,
@@ -293,6 +293,17 @@ def run(per_family: int = PER_FAMILY, families: tuple[str, ...] | None = None, m
         "summary": summarise(rows),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+
+
+def _predicted_step_s(fitted: Any, features: dict[str, float], device: Any) -> float:
+    """The fitted model's step time, 0 where the product would not predict (predict.require_work)."""
+    from throughput_model.predict import InsufficientFeatures, require_work
+
+    try:
+        require_work(features)
+    except InsufficientFeatures:
+        return 0.0
+    return fitted.step_seconds(features, device)
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
