@@ -108,14 +108,14 @@ def simulated_scores(mix: SimMix, rules: AdaptiveRules) -> dict[str, float]:
 
 def effect(on: Mapping[str, Mapping[str, float]], off: Mapping[str, Mapping[str, float]]) -> dict[str, Any]:
     """What turning a rule off did, over the mixes both ran: GPU busy as a ratio to all rules on
-    (worst, median, best, and the mixes it moved by NO_EFFECT_BUSY or more), the slowest settle
+    (worst, median, best, and the mixes it moved by more than :func:`busy_noise`), the slowest settle
     and the median changes per job-minute with and without it; whether that is a candidate for
     removal (no measurable effect), and whether no mix did worse without it (busy, settle, changes)."""
     names = [name for name in on if name in off]
     if not names:
         return {"mixes": 0}
     ratios = {name: off[name]["gpu_busy"] / on[name]["gpu_busy"] for name in names if on[name]["gpu_busy"] > 0}
-    moved = sorted((name for name, ratio in ratios.items() if abs(ratio - 1) >= NO_EFFECT_BUSY),
+    moved = sorted((name for name, ratio in ratios.items() if abs(ratio - 1) >= busy_noise(on[name], off[name])),
                    key=lambda name: ratios[name])
     settle = {side: max(runs[name]["settle_s"] for name in names) for side, runs in (("on", on), ("off", off))}
     settle_moved = sorted(name for name in names if abs(off[name]["settle_s"] - on[name]["settle_s"]) > SETTLE_NOISE_S)
@@ -139,6 +139,14 @@ def effect(on: Mapping[str, Mapping[str, float]], off: Mapping[str, Mapping[str,
         "never_worse_without": min(ratios.values()) > 1 - NO_EFFECT_BUSY and not slower
         and changes["off"] <= changes["on"] + changes_noise,
     }
+
+
+def busy_noise(on: Mapping[str, float], off: Mapping[str, float]) -> float:
+    """The smallest move of GPU busy that counts as an effect on a mix: NO_EFFECT_BUSY, or, where
+    the runs were repeated (the node), the wider of the two arms' spreads over their repeats
+    (``gpu_busy_spread``, (max - min) / median): on the node the same code moves 1-3% from one
+    repeat to the next, and a move within that is the machine's."""
+    return max(NO_EFFECT_BUSY, on.get("gpu_busy_spread", 0.0), off.get("gpu_busy_spread", 0.0))
 
 
 def arm(rule: str) -> AdaptiveRules:
@@ -181,7 +189,8 @@ def table(document: Mapping[str, Any], label: str) -> list[str]:
                      f"{e['mixes_settled_slower']:>6}/{e['mixes_settled_faster']:<6} {changes['on']:>8.2f} -> "
                      f"{changes['off']:>5.2f}  "
                      f"{verdict_of(e)}")
-    lines.append(f"moved: mixes whose GPU busy moved by {100 * NO_EFFECT_BUSY:g}% or more; slower/faster: whose slowest "
+    lines.append(f"moved: mixes whose GPU busy moved by {100 * NO_EFFECT_BUSY:g}% or more, and on the node by more than "
+                 f"the spread of either arm's repeats; slower/faster: whose slowest "
                  f"settle after an arrival or departure moved by more than {SETTLE_NOISE_S:g} s")
     return lines
 
@@ -204,27 +213,36 @@ def arm_policy(rules: AdaptiveRules) -> str:
     return "adaptive~" + "+".join(rules.off) if rules.off else "adaptive"
 
 
-def node_command(mix: Path, arms: Sequence[AdaptiveRules], repeats: int, out: Path, extra: Sequence[str] = ()
-                 ) -> list[str]:
-    """One ``adloader bench`` run of ``mix``: ``adaptive`` with every rule, then with each of
-    ``arms``' rules off, interleaved repeat by repeat (A B C A B C), so that the machine's drift
-    over the run falls on every arm alike."""
-    policies = ",".join(["adaptive", *(arm_policy(rules) for rules in arms)])
+def node_command(mix: Path, arms: Sequence[AdaptiveRules], repeats: int, out: Path, extra: Sequence[str] = (),
+                 also: Sequence[str] = ()) -> list[str]:
+    """One ``adloader bench`` run of ``mix``: ``adaptive`` with every rule, then ``also`` (other
+    policies to compare in the same runs), then with each of ``arms``' rules off, interleaved
+    repeat by repeat (A B C A B C), so that the machine's drift over the run falls on every arm alike."""
+    policies = ",".join(["adaptive", *also, *(arm_policy(rules) for rules in arms)])
     return [sys.executable, "-m", "adloader", "bench", "--mix", str(mix), "--policies", policies,
             "--repeats", str(repeats), "--json", str(out), *extra]
 
 
 def node_runner(mixes: Mapping[str, Path], arms: Sequence[AdaptiveRules], repeats: int, workdir: Path,
-                extra: Sequence[str] = ()) -> Callable[[str, AdaptiveRules], dict[str, float] | None]:
+                extra: Sequence[str] = (), also: Sequence[str] = (), reuse: bool = False
+                ) -> tuple[Callable[[str, AdaptiveRules], dict[str, float] | None], dict[str, dict[str, Any] | None]]:
     """Scores (mix, rules) from one interleaved ``adloader bench`` run per mix (:func:`node_command`,
-    made at the mix's first score): the arm's medians over the repeats; None when the run failed
-    (its output is kept in ``workdir``)."""
+    made at the mix's first score): the arm's medians over the repeats and the spread of its GPU
+    busy; None when the run failed (its output is kept in ``workdir``). ``reuse``: a mix whose
+    run's JSON is in ``workdir`` with every policy asked for is read, not run again (an
+    interrupted ablation goes on where it stopped). Also returns each mix's policies as run."""
     workdir.mkdir(parents=True, exist_ok=True)
     documents: dict[str, dict[str, Any] | None] = {}
+    wanted = {"adaptive", *also, *(arm_policy(rules) for rules in arms)}
 
     def bench(name: str) -> dict[str, Any] | None:
         out = workdir / f"{Path(name).stem}.json"
-        command = node_command(mixes[name], arms, repeats, out, extra)
+        if reuse and out.exists():
+            policies = json.loads(out.read_text())["policies"]
+            if wanted <= set(policies):
+                print(f"  {name}: reusing {out}", flush=True)
+                return policies
+        command = node_command(mixes[name], arms, repeats, out, extra, also)
         print("$", " ".join(command), flush=True)
         with open(workdir / f"{Path(name).stem}.log", "w") as log:
             finished = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, check=False)
@@ -240,9 +258,29 @@ def node_runner(mixes: Mapping[str, Path], arms: Sequence[AdaptiveRules], repeat
         if policies is None:
             return None
         scores = policies[arm_policy(rules)]
-        return {metric: scores[metric] for metric in METRICS}
+        busy = [repeat["gpu_busy"] for repeat in scores.get("repeats", ())]
+        spread = (max(busy) - min(busy)) / statistics.median(busy) if len(busy) > 1 and statistics.median(busy) > 0 else 0.0
+        return {**{metric: scores[metric] for metric in METRICS}, "gpu_busy_spread": spread}
 
-    return run
+    return run, documents
+
+
+def compared(documents: Mapping[str, Mapping[str, Any] | None], also: Sequence[str]) -> dict[str, Any]:
+    """Each of ``also`` against ``adaptive`` in the same runs, per mix: GPU busy, mean JCT and
+    makespan (medians over the repeats) and their ratios to adaptive's."""
+    figures: dict[str, Any] = {}
+    for policy in also:
+        per_mix = {}
+        for mix, policies in documents.items():
+            if policies is None or policy not in policies:
+                continue
+            mine, base = policies[policy], policies["adaptive"]
+            entry = {metric: mine.get(metric) for metric in ("gpu_busy", "mean_jct_s", "makespan_s")}
+            entry["vs_adaptive"] = {metric: mine[metric] / base[metric] for metric in entry
+                                    if mine.get(metric) and base.get(metric)}
+            per_mix[mix] = entry
+        figures[policy] = per_mix
+    return figures
 
 
 # ---------------------------------------------------------------------------------------- main
@@ -267,6 +305,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, default=None, help="--node: passed to adloader bench (a dry run)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/adloader-ablation"),
                         help="--node: each run's JSON and output")
+    parser.add_argument("--also", default="",
+                        help="--node: other policies run in the same interleaved runs and compared with adaptive "
+                        "(e.g. jct)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="--node: read a mix's run from --workdir where it holds every policy asked for")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)  # the simulated controller's give-backs are counted, not logged
     rules = [rule.strip() for rule in args.rules.split(",") if rule.strip()]
@@ -292,8 +335,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         label = "GPU-emulated"
         header = {"benchmark": "adaptive's rules, each off alone, on the node benchmark (GPU-emulated)",
                   "simulated": False, "repeats": args.repeats, "scale": args.scale}
-        run = node_runner(by_name, arms, args.repeats, args.workdir,
-                          ("--scale", str(args.scale)) if args.scale is not None else ())
+        also = [policy.strip() for policy in args.also.split(",") if policy.strip()]
+        run, runs = node_runner(by_name, arms, args.repeats, args.workdir,
+                                ("--scale", str(args.scale)) if args.scale is not None else (), also, args.reuse)
+        header["also"] = also
     header |= {"machine": machine.describe(), "rules_off_in_turn": rules,
                "no_effect": {"gpu_busy": NO_EFFECT_BUSY, "settle_s": SETTLE_NOISE_S, "changes": CHANGES_NOISE}}
 
@@ -303,9 +348,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {rule} off: {time.perf_counter() - started:.0f} s", flush=True)
 
     document = ablate(list(by_name), rules, run, checkpoint)
+    if not args.simulated and header["also"]:
+        document["also"] = compared(runs, header["also"])
     write_json(args.out, {**header, **document, "wall_s": time.perf_counter() - started})
     for line in table(document, label):
         print(line)
+    for policy, per_mix in document.get("also", {}).items():
+        for mix, entry in per_mix.items():
+            ratios = ", ".join(f"{metric} {ratio:.3f}x" for metric, ratio in entry["vs_adaptive"].items())
+            print(f"{policy} against adaptive on {mix}: {ratios}")
     print(f"candidates for removal (no measurable effect): {', '.join(document['candidates_for_removal']) or 'none'}")
     print(f"never worse without: {', '.join(document['never_worse_without']) or 'none'}")
     print(f"results: {args.out}")

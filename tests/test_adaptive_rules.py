@@ -19,7 +19,7 @@ import test_flapping
 import test_outgrown
 import test_policies
 import test_safety_net
-from bench.ablation import ablate, effect, node_command
+from bench.ablation import ablate, compared, effect, node_command, node_runner
 from bench.runner import BenchError, NodeSetup, _controller_options, run_dir_name, split_variant
 from controller.policies import AdaptiveRules, JobView, PolicyError, make_policy
 from controller.policies import adaptive
@@ -128,6 +128,36 @@ def test_the_ablation_compares_each_rule_off_with_all_on_and_lists_rules_that_ch
     together = document["without"]["first_plan_bar+hysteresis"]["mixes"]["m1"]  # both off in one run
     assert together["gpu_busy"] == pytest.approx(0.82) and together["settle_s"] == 0.0
     assert effect(scores, scores)["identical"] and effect(scores, scores)["candidate_for_removal"]
+
+
+def test_on_the_node_a_move_within_the_repeats_spread_is_no_effect() -> None:
+    on = {"m": {"gpu_busy": 0.50, "settle_s": 3.0, "changes_per_job_minute": 2.0, "gpu_busy_spread": 0.03}}
+    within = {"m": dict(on["m"], gpu_busy=0.51, gpu_busy_spread=0.01)}  # 2%: the repeats moved 3%
+    beyond = {"m": dict(on["m"], gpu_busy=0.47, gpu_busy_spread=0.01)}  # 6%
+    assert effect(on, within)["mixes_moved"] == {} and effect(on, within)["candidate_for_removal"]
+    assert effect(on, beyond)["mixes_moved"] == {"m": pytest.approx(0.94)}
+
+
+def test_the_node_ablation_reuses_a_finished_run_and_compares_other_policies(tmp_path: Path) -> None:
+    """A run already in the workdir with every policy asked for is read, not run again (the mix
+    file below does not exist: running it would fail), and ``--also`` policies are compared
+    with adaptive from the same runs."""
+    def policy(busy: list[float], jct: float) -> dict[str, object]:
+        return {"gpu_busy": sorted(busy)[0], "settle_s": 1.0, "changes_per_job_minute": 2.0, "mean_jct_s": jct,
+                "makespan_s": 60.0, "repeats": [{"gpu_busy": b} for b in busy]}
+
+    arms = [AdaptiveRules().without(["hysteresis"])]
+    (tmp_path / "m.json").write_text(json.dumps({"policies": {
+        "adaptive": policy([0.50, 0.52], 40.0), "jct": policy([0.49, 0.50], 30.0),
+        "adaptive~hysteresis": policy([0.40, 0.41], 40.0)}}))
+    run, runs = node_runner({"m.json": tmp_path / "missing.json"}, arms, 2, tmp_path, also=["jct"], reuse=True)
+    assert run("m.json", AdaptiveRules())["gpu_busy_spread"] == pytest.approx(0.02 / 0.51)
+    assert run("m.json", arms[0])["gpu_busy"] == 0.40
+    versus = compared(runs, ["jct"])["jct"]["m.json"]["vs_adaptive"]
+    assert versus == {"gpu_busy": pytest.approx(0.98), "mean_jct_s": pytest.approx(0.75), "makespan_s": 1.0}
+    missing_policy, _ = node_runner({"m.json": tmp_path / "missing.json"}, arms, 2, tmp_path, also=["oracle"],
+                                    reuse=True)
+    assert missing_policy("m.json", AdaptiveRules()) is None  # not reusable: run, and the missing mix fails
 
 
 def test_the_node_ablation_interleaves_every_arm_in_one_adloader_bench_run(tmp_path: Path) -> None:
