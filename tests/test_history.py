@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
 import pytest
 
@@ -97,19 +98,26 @@ def test_only_completed_runs_give_the_length_but_every_run_its_measurements(tmp_
     assert (flaky.completed_runs, flaky.samples, flaky.duration_s) == (0, None, None) and flaky.max_throughput == 300.0
 
 
-def test_a_version_1_history_is_migrated_with_exit_status_unknown(tmp_path, mlp_features) -> None:
-    path = tmp_path / "h.sqlite"
-    with sqlite3.connect(path) as connection:  # the schema as version 1 wrote it
-        connection.executescript("""
+def _older_history(path: Path, version: int) -> None:
+    """A history file as ``version`` wrote it (1: no exit codes; 2: no declared lengths), holding
+    one run of job 'old' (completed, where version 2 says so)."""
+    exit_code = ", exit_code INTEGER" if version >= 2 else ""
+    with sqlite3.connect(path) as connection:
+        connection.executescript(f"""
             CREATE TABLE jobs (id INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, name TEXT NOT NULL,
                 features_key TEXT, features TEXT, device TEXT NOT NULL DEFAULT '', gpus INTEGER NOT NULL,
                 batch_size INTEGER, predicted_sps REAL, measured_sps REAL, cpu_s_per_sample REAL,
                 bytes_per_sample REAL, samples INTEGER NOT NULL, duration_s REAL NOT NULL,
-                loading_curve TEXT NOT NULL DEFAULT '[]', finished_at REAL NOT NULL);
-            INSERT INTO jobs (job_id, name, gpus, measured_sps, samples, duration_s, finished_at)
-                VALUES ('j1', 'old', 1, 200.0, 7800, 60.0, 1060.0);
-            PRAGMA user_version = 1;
+                loading_curve TEXT NOT NULL DEFAULT '[]', finished_at REAL NOT NULL{exit_code});
+            INSERT INTO jobs (job_id, name, gpus, measured_sps, samples, duration_s, finished_at{exit_code[:11]})
+                VALUES ('j1', 'old', 1, 200.0, 7800, 60.0, 1060.0{", 0" if exit_code else ""});
+            PRAGMA user_version = {version};
         """)
+
+
+def test_a_version_1_history_is_migrated_with_exit_status_unknown(tmp_path, mlp_features) -> None:
+    path = tmp_path / "h.sqlite"
+    _older_history(path, 1)
     history = JobHistory(path)
     (old,) = list(history)
     assert old.exit_code is None and not old.completed
@@ -121,17 +129,7 @@ def test_a_version_1_history_is_migrated_with_exit_status_unknown(tmp_path, mlp_
 
 def test_a_version_2_history_is_migrated_with_declared_lengths_unknown(tmp_path) -> None:
     path = tmp_path / "h.sqlite"
-    with sqlite3.connect(path) as connection:  # the schema as version 2 wrote it
-        connection.executescript("""
-            CREATE TABLE jobs (id INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL, name TEXT NOT NULL,
-                features_key TEXT, features TEXT, device TEXT NOT NULL DEFAULT '', gpus INTEGER NOT NULL,
-                batch_size INTEGER, predicted_sps REAL, measured_sps REAL, cpu_s_per_sample REAL,
-                bytes_per_sample REAL, samples INTEGER NOT NULL, duration_s REAL NOT NULL,
-                loading_curve TEXT NOT NULL DEFAULT '[]', finished_at REAL NOT NULL, exit_code INTEGER);
-            INSERT INTO jobs (job_id, name, gpus, measured_sps, samples, duration_s, finished_at, exit_code)
-                VALUES ('j1', 'old', 1, 200.0, 7800, 60.0, 1060.0, 0);
-            PRAGMA user_version = 2;
-        """)
+    _older_history(path, 2)
     history = JobHistory(path)
     (old,) = list(history)
     assert old.completed and old.declared_samples is None
