@@ -250,19 +250,28 @@ def test_what_cannot_be_counted_is_said(monkeypatch) -> None:
     description = describe(ChecksItsInput(), torch.randn(4, 8))
     assert description.features["count_complete"] == 0.0
     assert any("stand-ins too (ValueError: a constant batch)" in note for note in description.notes)
+    assert any("constant value reads on the meta device too (ValueError" in note for note in description.notes)
     assert any("could not count the forward" in note for note in description.notes)
     assert description.features["params"] == 2 * (64 + 8)  # parameter sizes are still known
     # a step estimated from its optimizer alone is no prediction: the job is measured only
     with pytest.raises(InsufficientFeatures, match="forward pass could not be counted"):
         predict(description.features, device="H100")
+
+
+def test_a_model_too_large_to_replay_is_counted_with_constant_reads(monkeypatch) -> None:
+    """A model over the replay limit that reads a value is counted on the meta device, not left unpredicted."""
     monkeypatch.setattr(features_module, "REPLAY_MAX_BYTES", 100)
-    too_large = describe(DataDependent(), torch.randn(4, 8))
-    assert too_large.features["count_complete"] == 0.0
+    batch = torch.randn(4, 8)
+    too_large = describe(DataDependent(), batch)
+    assert too_large.features["count_complete"] == 1.0
     assert any("too large to replay" in note for note in too_large.notes)
+    assert any("each read answered by a constant" in note for note in too_large.notes)
+    assert too_large.features["flops_forward"] == describe(nn.Linear(8, 8), batch).features["flops_forward"] > 0
+    assert predict(too_large.features, device="H100").samples_per_s > 0
 
 
 class NoBackward(nn.Module):
-    """Its backward reads a value: forward counts, backward cannot."""
+    """Its backward takes a shape from the data (``nonzero``): forward counts, backward cannot."""
 
     class _Op(torch.autograd.Function):
         @staticmethod
@@ -271,7 +280,7 @@ class NoBackward(nn.Module):
 
         @staticmethod
         def backward(ctx, grad):  # type: ignore[override]
-            return grad * float(grad.sum().item())
+            return grad * grad.nonzero().shape[0]
 
     def __init__(self) -> None:
         super().__init__()

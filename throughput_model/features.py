@@ -8,9 +8,11 @@ in ``protocol.Register.features``) of at most :data:`MAX_KEYS` keys.
 
 A step that fails on meta tensors (``.item()``, data-dependent shapes, tensors made on a
 fixed device) is replayed once on CPU tensors of constant values, for a model of up to
-:data:`REPLAY_MAX_BYTES`. What still cannot be counted is said, never guessed silently: it
-is estimated from what was counted (backward = 2x forward; optimizer from the parameter
-bytes), ``count_complete`` drops to 0 and the reason is in :attr:`Description.notes`.
+:data:`REPLAY_MAX_BYTES`. One that still fails, or is larger, is replayed on the meta device
+with each read of a value answered by the same constants. What still cannot be counted is
+said, never guessed silently: it is estimated from what was counted (backward = 2x forward;
+optimizer from the parameter bytes), ``count_complete`` drops to 0 and the reason is in
+:attr:`Description.notes`.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from throughput_model.counting import (
@@ -29,6 +32,7 @@ from throughput_model.counting import (
     FUSED_CLASSES,
     LOWERED_CLASSES,
     OP_CLASSES,
+    PHASES,
     AccountedStep,
     StepTally,
     account_step,
@@ -106,6 +110,8 @@ def describe(
     step = _count_step(model, example_batch, plan, loss_of, _meta, notes)
     if step.result.failed_phase in ("forward", "backward"):
         step = _replayed_on_stand_ins(model, example_batch, plan, loss_of, step, notes)
+    if step.result.failed_phase in ("forward", "backward"):
+        step = _replayed_with_constant_reads(model, example_batch, plan, loss_of, step, notes)
     params, trainable, result, opt = step.params, step.trainable, step.result, step.optimizer
     size = batch_size if batch_size is not None else _batch_size(example_batch)
     tally = result.tally
@@ -209,6 +215,42 @@ def _replayed_on_stand_ins(model: nn.Module, example_batch: Any, plan: Optimizer
     notes.extend([f"the {on_meta.result.failed_phase} phase failed on the meta device ({on_meta.result.error}): "
                   "counted on CPU stand-ins (constant values) instead", *replay_notes])
     return replayed
+
+
+def _replayed_with_constant_reads(model: nn.Module, example_batch: Any, plan: OptimizerPlan,
+                                  loss_of: Callable[[Any], torch.Tensor], counted: _CountedStep,
+                                  notes: list[str]) -> _CountedStep:
+    """A step neither the meta device nor the stand-ins could run, replayed on the meta device
+    with every read of a value answered by a stand-in's constant (:class:`_ConstantReads`): a
+    model too large to replay for real, or one that rejects constant data. Kept when it counts
+    further than ``counted`` did; a data-dependent shape (``nonzero``) still stops it."""
+    replay_notes: list[str] = []
+    with _ConstantReads():
+        replayed = _count_step(model, example_batch, plan, loss_of, _meta, replay_notes)
+    failed = replayed.result.failed_phase
+    if _phases_counted(failed) <= _phases_counted(counted.result.failed_phase):
+        notes.append(f"the step failed with constant value reads on the meta device too ({replayed.result.error})")
+        return counted
+    notes.extend([f"the {counted.result.failed_phase} phase read tensor values: counted on the meta device, "
+                  "each read answered by a constant (1 for integers and booleans, 0.01 otherwise)", *replay_notes])
+    return replayed
+
+
+def _phases_counted(failed_phase: str | None) -> int:
+    """How many phases a step counted before ``failed_phase`` (None: the whole step)."""
+    return len(PHASES) if failed_phase is None else PHASES.index(failed_phase)
+
+
+class _ConstantReads(TorchDispatchMode):
+    """Answers a read of a meta tensor's value (``.item()``, ``bool(t)``, ``int(t)``) with the constant a
+    CPU stand-in holds (:func:`_stand_in`), so that a step which branches on a value can be counted
+    without the memory or the data a real replay needs."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        if func is torch.ops.aten._local_scalar_dense.default and args[0].is_meta:
+            value = args[0]
+            return 0.01 if _differentiable(value) else (True if value.dtype == torch.bool else 1)
+        return func(*args, **(kwargs or {}))
 
 
 def _stand_in(tensor: torch.Tensor, requires_grad: bool) -> torch.Tensor:
