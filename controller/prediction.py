@@ -40,10 +40,12 @@ def predicted_max_throughput(
     *,
     corpus: Path | None = None,
     min_history: int = MIN_HISTORY,
+    said: set[str] | None = None,
 ) -> tuple[float, float, float] | None:
     """(M, low, high) samples/s for a job with ``features`` on ``gpus`` x ``device``, or None. Earlier
     runs are looked up with the job's own GPU count (0 for a job without a GPU, as its runs were
-    recorded); the model counts such a job as one device (it computes where it runs)."""
+    recorded); the model counts such a job as one device (it computes where it runs). ``said``: the
+    reasons for no prediction already logged, each logged once (None: log every time)."""
     if not features:
         return None
     if history is not None:
@@ -56,7 +58,10 @@ def predicted_max_throughput(
     try:
         prediction = predict(features, gpus=max(1, gpus), device=device, corpus=corpus)
     except ThroughputModelError as exc:
-        log.warning("no throughput prediction (%s); the job starts unpredicted", exc)
+        if said is None or str(exc) not in said:
+            log.warning("no throughput prediction (%s); the job starts unpredicted", exc)
+        if said is not None:
+            said.add(str(exc))
         return None
     estimate, low, high = prediction.samples_per_s, prediction.low, prediction.high
     if history is not None:
@@ -95,7 +100,10 @@ class ThroughputPredictor:
         self.history = history
         self.corpus = corpus
         self.min_history = min_history
+        self._said: set[str] = set()
+        """Why jobs got no prediction, logged once each: the registry asks again every control step
+        for a job without one (a controller's log once said the same WARNING twice a second)."""
 
     def __call__(self, features: dict[str, float], gpus: int) -> tuple[float, float, float] | None:
         return predicted_max_throughput(features, gpus, self.device, self.history, corpus=self.corpus,
-                                        min_history=self.min_history)
+                                        min_history=self.min_history, said=self._said)

@@ -18,8 +18,9 @@ The room a job has is the tightest of:
 Workers that fit = the workers it runs + (room − margin) / (USS + prefetch share per
 worker), split over its ranks; a worker is costed at the most one was seen to cost, and
 none is added while the measured cost still grows (a worker just started has not filled
-its buffers). Until a job runs a worker there is nothing to measure: it
-gets no more workers than it asked for. Every root (/proc, the cgroup mounts) is injectable.
+its buffers) or before the job's workers have loaded: a worker that has not yet touched its
+dataset holds little, and a cost read then would let a policy add workers that fill up later.
+Until a job runs a worker there is nothing to measure: it gets no more workers than it asked for. Every root (/proc, the cgroup mounts) is injectable.
 """
 from __future__ import annotations
 
@@ -46,6 +47,12 @@ MARGIN_FRACTION = 0.1
 MARGIN_MIN = 32 << 20
 GROWTH = 1.1
 """A worker cost more than this factor above the last measurement is still growing."""
+UNLOADED_HOLD_S = 30.0
+"""How long a job's first worker cost is held unsettled without evidence that each worker has
+loaded (a steady window in which the job delivered a batch per worker): a job slower than that
+is settled on the cost then. On a loaded 2-core CI machine two readings 2 s apart both found a
+just-forked worker that had not yet allocated its dataset (about 0.25 MiB of its 200 MiB): the cap said
+1195 workers would fit."""
 ROOMY = 2.0
 """A job whose room holds this many times the workers no policy gives it anyway
 (``ceiling_per_rank`` per rank), each costed at a cheap upper bound (the largest worker's
@@ -121,6 +128,11 @@ class _Measured:
     at: float
     pids: frozenset[int]
     growing: bool
+    first_at: float = 0.0
+    """When the job's workers were first measured."""
+    loaded: bool = False
+    """Whether ``peak`` was read once the job's workers had loaded (or UNLOADED_HOLD_S after
+    ``first_at``): until then the cost is held growing."""
     report_interval_s: float = ROOMY_REPORT_S[0]
     """For a roomy job: how long until its exact cost is read again for reports."""
 
@@ -131,6 +143,12 @@ def _at_peak(cost: WorkerCost, last: _Measured | None) -> WorkerCost:
     if last is not None and last.peak.per_worker > cost.per_worker:
         return dataclasses.replace(cost, uss_bytes=last.peak.uss_bytes, prefetch_bytes=last.peak.prefetch_bytes)
     return cost
+
+
+def _each_worker_loaded(view: JobView, workers: int) -> bool:
+    """Whether the job delivered at least a batch per worker over its last window, its worker
+    count steady throughout: each worker has then loaded a batch (indices go to them in turn)."""
+    return view.steady_workers is not None and view.window_batches is not None and view.window_batches >= workers
 
 
 @dataclass(frozen=True)
@@ -306,9 +324,13 @@ class WorkerMemory:
         cost = self.worker_cost(pids, workers)
         if cost is None:
             return None
-        growing = last is None or cost.per_worker > GROWTH * last.peak.per_worker
+        first_at = now if last is None else last.first_at
+        loaded = (last is not None and last.loaded) or _each_worker_loaded(view, len(workers)) \
+            or now - first_at >= UNLOADED_HOLD_S
+        growing = last is None or cost.per_worker > GROWTH * last.peak.per_worker or not loaded
         cost = _at_peak(cost, last)
-        self._measured[view.job_id] = _Measured(peak=cost, at=now, pids=frozenset(pids), growing=growing)
+        self._measured[view.job_id] = _Measured(peak=cost, at=now, pids=frozenset(pids), growing=growing,
+                                                first_at=first_at, loaded=loaded)
         return self._fitting(view, cost, room, margin, growing)
 
     def _reported(self, job_id: str, last: _Measured | None, pids: set[int], workers: Sequence[int],
@@ -323,7 +345,8 @@ class WorkerMemory:
         interval = ROOMY_REPORT_S[0] if last is None else min(ROOMY_REPORT_S[1], 2 * last.report_interval_s)
         cost = _at_peak(cost, last)
         self._measured[job_id] = _Measured(peak=cost, at=now, pids=frozenset(pids), growing=False,
-                                           report_interval_s=interval)
+                                           report_interval_s=interval,
+                                           first_at=now if last is None else last.first_at, loaded=True)
         return cost
 
     @staticmethod

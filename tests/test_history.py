@@ -1,6 +1,7 @@
 """Job history in a real SQLite file, and the predictor that learns from it."""
 from __future__ import annotations
 
+import logging
 import sqlite3
 from pathlib import Path
 
@@ -189,3 +190,13 @@ def test_no_features_or_unknown_device_means_no_prediction(tmp_path, mlp_feature
     assert predicted_max_throughput(None, 1, "cpu") is None
     assert predicted_max_throughput({}, 1, "cpu") is None
     assert predicted_max_throughput(mlp_features, 1, "TPUv9") is None
+
+
+def test_a_job_the_model_cannot_predict_is_warned_about_once_however_often_it_is_asked(caplog) -> None:
+    predictor = ThroughputPredictor(device="cpu")
+    no_work = {"params": 1000.0}  # parameter sizes only: no batch size, no counted ops
+    with caplog.at_level(logging.WARNING, logger="controller.prediction"):
+        assert [predictor(no_work, 1) for _ in range(5)] == [None] * 5
+    warnings = [r.getMessage() for r in caplog.records if "no throughput prediction" in r.getMessage()]
+    assert len(warnings) == 1 and "describe no work" in warnings[0], warnings
+

@@ -35,9 +35,11 @@ from bench.controller_process import REPO, ControllerProcess, HarnessError, base
 from bench.unchanged_programs import (OURS, PROGRAMS, TORCHS, Program, Size, command, environment, jpeg_folder,
                                      read_records)
 
-SIZE = Size(samples=128, epochs=2, batch_size=8, num_workers=2, px=32)
-"""Each run: 128 samples an epoch, 8 a batch; the plain run trains 2 epochs, the managed one
-until the test stops it (at least 2). The programs ask for 2 workers per rank."""
+SIZE = Size(samples=512, epochs=2, batch_size=8, num_workers=2, px=32)
+"""Each run: 512 samples an epoch, 8 a batch; the plain run trains 2 epochs, the managed one
+until the test stops it (at least 2). The programs ask for 2 workers per rank. Their workers are
+not persistent, so each epoch starts them anew: at 128 samples a Lightning epoch on 2 busy cores
+ended before its 3 workers a rank were all up, and no report ever showed them running."""
 PHASE_S = 120.0
 """Seconds a phase may take (a framework's start-up on 2 busy cores included)."""
 LOWER, HIGHER = 1, 3

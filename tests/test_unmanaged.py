@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from adloader.status import COLUMNS, render_table
-from bench.controller_process import ControllerProcess, wait_until
+from bench.controller_process import ControllerProcess, poll, wait_until
 from controller.unmanaged import NEVER_REPORTED
 
 REPO = Path(__file__).resolve().parent.parent
@@ -19,7 +19,9 @@ REPORTING_JOB = (sys.executable, str(REPO / "tests" / "reporting_job.py"), "--se
 SILENT_JOB = (sys.executable, "-c", "import time; time.sleep(60)")
 """A job whose data loading is not a DataLoader: it never reports."""
 FALLBACK = "loader fell back to torch's (in_order=False)"
-GRACE_S = 1.5
+GRACE_S = 4.0
+"""Long enough that the three jobs' registrations are read within it on a loaded 2-core CI machine
+(at 1.5 s the silent job was once unmanaged before its registration was read)."""
 
 
 def _row(table: str, job_id: str) -> list[str]:
@@ -56,17 +58,17 @@ def test_a_job_that_never_reports_is_unmanaged_after_the_grace_and_its_launcher_
     table = render_table(node, time.time())
     row = dict(zip(COLUMNS, _row(table, silent_id)))
     assert (row["STATE"], row["GPUS"], row["GPU IDLE"], row["WORKERS"]) == ("unmanaged", "-", "-", "-")
-    assert f"! get-batch ({silent_id}): unmanaged: no loader has reported in 1.5 s" in table
+    assert f"! get-batch ({silent_id}): unmanaged: no loader has reported in {GRACE_S:g} s" in table
     assert f"unmanaged: {FALLBACK}." in table
     assert dict(zip(COLUMNS, _row(table, jobs["managed"].job_id)))["STATE"] == "running"
-    assert controller.log().count(f"job {silent_id} (get-batch) is unmanaged: no loader has reported in 1.5 s") == 1
+    assert controller.log().count(f"job {silent_id} (get-batch) is unmanaged: no loader has reported in {GRACE_S:g} s") == 1
 
     def warned(job) -> list[str]:
         return [line for line in job.output()[1].splitlines() if "is unmanaged" in line]
     wait_until(lambda: warned(silent) and warned(fallback), 10, "the launchers' warnings")
     time.sleep(2.5)  # a launcher asks every 2 s: a second warning would be out by now
     (line,) = warned(silent)
-    assert line.startswith("adloader run: warning: job get-batch") and "no loader has reported in 1.5 s" in line
+    assert line.startswith("adloader run: warning: job get-batch") and f"no loader has reported in {GRACE_S:g} s" in line
     (line,) = warned(fallback)
     assert FALLBACK in line
     assert warned(managed) == []
@@ -101,13 +103,20 @@ def test_adaptive_holds_an_unmanaged_job_what_its_group_uses_not_an_even_share(
     silent = controller.registered(controller.run(*BUSY_TENTH, name="own-loop"))
     controller.registered(controller.run(*REPORTING_JOB, name="managed"))
 
-    def measured() -> object:
+    seen: list[tuple[float, int]] = []
+
+    def held_what_it_uses() -> object:
+        """Its group's use measured (under 0.3 cores once its start-up has left the window: on a loaded
+        2-core machine the first window, with the interpreter starting, read 0.43) and its weight
+        under 40: an even share of the one core would be 50; what it uses, with the plan's margin,
+        is well under it."""
         job = controller.job(silent.job_id)
-        return job if job is not None and job.state == "unmanaged" and job.cores_used and job.cpu_weight else None
-    job = wait_until(measured, 20, "the unmanaged job's CPU measured and weighted")
-    assert job.cores_used < 0.3, job.cores_used
-    # An even share of the one core would be weight 50; what it uses, with the plan's margin, is well under it.
-    assert job.cpu_weight < 40, (job.cpu_weight, job.cores_used)
+        if job is None or job.state != "unmanaged" or not job.cores_used or not job.cpu_weight:
+            return None
+        seen.append((job.cores_used, job.cpu_weight))
+        return job if job.cores_used < 0.3 and job.cpu_weight < 40 else None
+    held = poll(held_what_it_uses, 30)
+    assert held is not None, f"never held what it uses; (cores used, weight), last seen: {seen[-5:]}"
 
 
 def test_a_launcher_asking_about_its_starting_job_still_forwards_a_signal_at_once(

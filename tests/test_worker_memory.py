@@ -24,6 +24,8 @@ from bench.controller_process import REPO, ControllerProcess, JobProcess, wait_u
 
 MEMORY = Path("/sys/fs/cgroup/memory")
 MIB = 1 << 20
+LOADED = {"steady_workers": 2, "window_batches": 8.0}
+"""A job whose two workers each delivered batches over its last window, steady: its cost may settle."""
 NO_MEMORY_CGROUP = "needs root and a writable cgroup v1 memory hierarchy at /sys/fs/cgroup/memory"
 pytestmark = pytest.mark.skipif(
     not (MEMORY / "memory.limit_in_bytes").exists() or not __import__("os").access(MEMORY, __import__("os").W_OK),
@@ -103,9 +105,9 @@ def test_worker_uss_and_the_tightest_limit_up_the_tree_are_measured(memory_group
     try:
         pids = _pids(job)
         memory = WorkerMemory(reserve_bytes=0)
-        first = memory.verdict(JobView(job_id="j", name="forks", ranks=1), pids)
+        first = memory.verdict(JobView(job_id="j", name="forks", ranks=1, **LOADED), pids)
         assert first is not None and first.max_workers_per_rank == 2  # first sight: none added yet
-        verdict = memory.verdict(JobView(job_id="j", name="forks", ranks=1), pids)  # its cost held still
+        verdict = memory.verdict(JobView(job_id="j", name="forks", ranks=1, **LOADED), pids)  # its cost held still
         assert verdict is not None
         assert verdict.cost.workers == 2  # the forks, not the parent
         assert 100 * MIB <= verdict.cost.uss_bytes < 140 * MIB
@@ -116,15 +118,48 @@ def test_worker_uss_and_the_tightest_limit_up_the_tree_are_measured(memory_group
         assert verdict.max_workers_per_rank == 2 + int((verdict.room.bytes - margin) // verdict.cost.per_worker)
         assert 4 <= verdict.max_workers_per_rank <= 9  # ~800 MiB of room at ~100 MiB a worker
         # two ranks share the job's workers
-        assert memory.verdict(JobView(job_id="j", name="forks", ranks=2), pids).max_workers_per_rank == \
+        assert memory.verdict(JobView(job_id="j", name="forks", ranks=2, **LOADED), pids).max_workers_per_rank == \
             verdict.max_workers_per_rank // 2
         # a node reserve that leaves less room than the groups do is the tighter limit
         available = read_meminfo()["MemAvailable"]
         reserve = WorkerMemory(reserve_bytes=available - 150 * MIB)
-        reserve.verdict(JobView(job_id="j", name="f"), pids)
-        reserved = reserve.verdict(JobView(job_id="j", name="f"), pids)
+        reserve.verdict(JobView(job_id="j", name="f", **LOADED), pids)
+        reserved = reserve.verdict(JobView(job_id="j", name="f", **LOADED), pids)
         assert reserved is not None and reserved.room.limited_by.startswith("node")
         assert reserved.max_workers_per_rank <= 3
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_workers_cost_settles_only_once_each_worker_has_loaded_or_after_the_hold(memory_group: Path) -> None:
+    """A worker that has not yet touched its dataset holds little however long it sits: its cost
+    is held growing (no worker added) until a steady window shows a batch delivered per worker,
+    or UNLOADED_HOLD_S after the job's workers were first measured."""
+    from controller.worker_memory import UNLOADED_HOLD_S
+
+    group = _group(memory_group, limit=1024 * MIB)
+    proc = _forking(group, workers=2, mb=100)
+    try:
+        pids = _pids(group)
+        clock = [0.0]
+        memory = WorkerMemory(reserve_bytes=0, clock=lambda: clock[0])
+        starting = JobView(job_id="j", name="forks", steady_workers=2, window_batches=1.0)  # one batch, two workers
+        for _ in range(3):
+            verdict = memory.verdict(starting, pids)
+            assert verdict is not None and verdict.growing and verdict.max_workers_per_rank == 2
+            clock[0] += 2.0
+        settled = memory.verdict(JobView(job_id="j", name="forks", **LOADED), pids)
+        assert settled is not None and not settled.growing and settled.max_workers_per_rank > 2
+        assert memory.verdict(starting, pids).max_workers_per_rank == settled.max_workers_per_rank  # it stays
+        slow = WorkerMemory(reserve_bytes=0, clock=lambda: clock[0])
+        unsteady = JobView(job_id="j", name="forks", steady_workers=None, window_batches=50.0)  # count changed
+        clock[0] = 0.0
+        assert slow.verdict(unsteady, pids).growing
+        clock[0] = UNLOADED_HOLD_S - 1
+        assert slow.verdict(unsteady, pids).growing
+        clock[0] = UNLOADED_HOLD_S
+        assert not slow.verdict(unsteady, pids).growing
     finally:
         proc.kill()
         proc.wait()
@@ -138,7 +173,7 @@ def test_a_cap_is_logged_at_info_once_and_only_when_it_decides_something(
     a ceiling the policies never pass anyway (4 here) it decides nothing and stays at DEBUG."""
     group = _group(memory_group, limit=1024 * MIB)
     proc = _forking(group, workers=2, mb=100)
-    view = JobView(job_id="j", name="forks", ranks=1)
+    view = JobView(job_id="j", name="forks", ranks=1, **LOADED)
     try:
         for ceiling, infos in ((32, 1), (4, 0)):
             memory = WorkerMemory(reserve_bytes=0, refresh_s=0.0, ceiling_per_rank=ceiling)
@@ -170,7 +205,7 @@ class _CountingReads(WorkerMemory):
 def test_a_settled_worker_cost_is_not_read_again_until_the_processes_change(memory_group: Path) -> None:
     group = _group(memory_group, limit=1024 * MIB)
     proc = _forking(group, workers=2, mb=100)
-    view = JobView(job_id="j", name="forks")
+    view = JobView(job_id="j", name="forks", **LOADED)
     try:
         clock = [0.0]
         memory = _CountingReads(reserve_bytes=0, clock=lambda: clock[0])
@@ -214,7 +249,7 @@ def test_what_a_process_is_is_read_once_per_cost_refresh_and_shared_by_a_pass(me
     clock = [0.0]
     memory = _CountingGroupReads(reserve_bytes=0, clock=lambda: clock[0])
     pids = sorted(_pids(group))
-    views = [JobView(job_id="parent-and-one", name="a"), JobView(job_id="other", name="b")]
+    views = [JobView(job_id="parent-and-one", name="a", **LOADED), JobView(job_id="other", name="b", **LOADED)]
     split = {"parent-and-one": set(pids[:2]), "other": set(pids[2:])}
     try:
         memory.annotate(views, split)  # the first measurement: its workers may still be filling up
@@ -244,7 +279,7 @@ def test_a_roomy_job_is_judged_from_a_cheap_upper_bound_without_reading_smaps(me
 
     group = _group(memory_group, limit=2048 * MIB)
     proc = _forking(group, workers=2, mb=100)
-    view = JobView(job_id="j", name="forks")
+    view = JobView(job_id="j", name="forks", **LOADED)
     try:
         clock = [0.0]
         roomy = _CountingReads(reserve_bytes=0, ceiling_per_rank=2, clock=lambda: clock[0])

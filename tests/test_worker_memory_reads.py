@@ -42,7 +42,7 @@ def _tree(tmp_path: Path) -> Path:
 
 def test_a_step_goes_on_while_a_jobs_memory_map_is_held_and_takes_the_verdict_once_read(tmp_path: Path) -> None:
     proc = _tree(tmp_path)
-    view = JobView(job_id="j", name="forking", requested_workers=3)
+    view = JobView(job_id="j", name="forking", requested_workers=3, steady_workers=1, window_batches=4.0)
     pids = {"j": {PARENT, WORKER}}
     fifo = proc / str(WORKER) / "smaps_rollup"
     release = threading.Thread(target=fifo.write_text, args=(
@@ -81,7 +81,8 @@ def test_a_roomy_job_is_measured_again_less_often(tmp_path: Path) -> None:
     now = [0.0]
     memory = WorkerMemory(reserve_bytes=0, proc=proc, cgroup_root=tmp_path / "cgroup", refresh_s=2.0,
                           roomy_refresh_s=10.0, clock=lambda: now[0])
-    view, pids = JobView(job_id="j", name="roomy", requested_workers=3), {"j": {PARENT, WORKER}}
+    view = JobView(job_id="j", name="roomy", requested_workers=3, steady_workers=1, window_batches=4.0)
+    pids = {"j": {PARENT, WORKER}}
 
     def at(seconds: float, available_mib: int) -> int | None:
         now[0] = seconds
