@@ -67,7 +67,8 @@ def parts(device: CheckDevice, sizes: Sizes, out: Path, progress: Callable[[str]
 
 SUMMARY_KEYS = {
     "data_wait": ("data_wait_error", "data_wait_error_vs_kernel_events", "cpu_timer_error", "floor", "truth"),
-    "overhead": ("reporter_overhead", "goal", "met", "step_timer_us", "step_timer_fraction", "measures"),
+    "overhead": ("reporter_overhead", "goal", "met", "reporter_overhead_fast_switch", "step_timer_us",
+                 "step_timer_fraction", "measures"),
     "resize": ("exactly_once", "pin_memory", "unpinned_batches", "resize_latency_median_s", "resize_latency_max_s",
                "samples", "schedule"),
     "throughput_model": ("points", "families", "prior_mean_ape", "prior_basis", "fitted_lofo_mean_ape",
