@@ -45,9 +45,10 @@ class Receiver:
         self._close = close  # closes a worker's connection once it reads EOF
         self._latencies = latencies
 
-    def arrivals(self, slot: Slot) -> Iterator[Arrival]:
+    def arrivals(self, slot: Slot, close_at_eof: bool = True) -> Iterator[Arrival]:
         """Every message waiting on a worker's connection, read without the lock (rebuilding may be slow).
-        At EOF the connection is closed: the worker is exiting, and the helper will report how."""
+        At EOF the connection is closed (``close_at_eof``; the training thread leaves that to the
+        dispatcher, which waits on it): the worker is exiting, and the helper will report how."""
         conn = slot.conn
         while conn is not None and not conn.closed:
             data: Any = None
@@ -59,7 +60,8 @@ class Receiver:
                 if isinstance(message, Result):
                     data, error = self._rebuild(conn.recv_bytes())
             except (EOFError, OSError):
-                self._close(slot)
+                if close_at_eof:
+                    self._close(slot)
                 return
             yield Arrival(message, data, error)
 
