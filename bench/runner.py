@@ -301,17 +301,21 @@ def running_in(cgroup: Path) -> Iterator[None]:
         move_into(CGROUP_ROOT / "cpu" / before.lstrip("/"))
 
 
-def make_weighted_group(group: str) -> Path:
+def make_weighted_group(group: str, root: Path = CGROUP_ROOT) -> Path:
     """A cpu group weighted above everything else on the machine: the run's node, in which the
     jobs start (the controller nests its job groups in it, as below a scheduler's cgroup), and
-    the controller's own, beside it."""
-    directory = CGROUP_ROOT / "cpu" / group
+    the controller's own, beside it. ``root``: where the cgroup hierarchies are mounted."""
+    directory = root / "cpu" / group
     try:
         directory.mkdir()
     except OSError as exc:
+        v2_only = not (root / "cpu").is_dir() and (root / "cgroup.controllers").is_file()
         raise BenchError(
             f"cannot make the benchmark's cgroup {directory} ({exc.strerror}): adloader bench runs real jobs "
             "under a real controller and needs root and cgroup v1's cpu hierarchy at /sys/fs/cgroup/cpu"
+            + ("; this machine has cgroup v2 only: on a machine you may reconfigure (it takes cpu, cpuset "
+               "and io from every v2 group), `sh bench/gpu_check/cgroup_v1_beside_v2.sh` mounts v1 beside it"
+               if v2_only else "")
         ) from None
     write_interface(directory / "cpu.shares", str(GROUP_CPU_SHARES), "weighting the benchmark's group")
     return directory

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.controller_process import CGROUP_ROOT, cgroup_of, remove_group
-from bench.runner import make_weighted_group, running_in
+from bench.runner import BenchError, make_weighted_group, running_in
 
 REPO = Path(__file__).resolve().parents[1]
 CGROUP_V1 = os.geteuid() == 0 and os.access("/sys/fs/cgroup/cpu/cpu.shares", os.W_OK)
@@ -152,3 +152,16 @@ def test_an_evaluating_job_runs_its_evaluations_on_a_second_loader_and_counts_th
     assert document["samples"] == 48
     assert computes.count(0.005) == 12 and computes.count(0.002) == 6
     assert document["busy_s"] == pytest.approx(12 * 0.005 + 6 * 0.002)
+
+
+def test_on_a_machine_with_cgroup_v2_only_the_benchmark_says_how_to_mount_v1_beside_it(tmp_path: Path) -> None:
+    """A fixture tree of a cgroup2 mount (no v1 cpu hierarchy), as on the lent GPU machines."""
+    (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    with pytest.raises(BenchError, match="cgroup v2 only.*cgroup_v1_beside_v2.sh"):
+        make_weighted_group("adloader-test-v2", root=tmp_path)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    with pytest.raises(BenchError) as raised:
+        make_weighted_group("adloader-test-none", root=bare)
+    assert "cgroup v2 only" not in str(raised.value) and "cgroup v1's cpu hierarchy" in str(raised.value)
+
