@@ -13,7 +13,6 @@ milliseconds a step takes (spin plus ``next()``) and the median ratio adloader /
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -23,20 +22,10 @@ from typing import Any
 
 import torch
 
+from bench.gpu_check.overhead import Images
+from bench.report import write_json
+
 GOAL = 1.02
-
-
-class TinyImages(torch.utils.data.Dataset):
-    """Random 3x32x32 images made in the worker: loading never limits the loop."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, index: int) -> torch.Tensor:
-        return torch.rand(3, 32, 32)
 
 
 def spin(milliseconds: float) -> None:
@@ -52,7 +41,7 @@ def step_ms(loader_name: str, batches: int, step_ms_: float, workers: int, batch
         loader_class: Any = torch.utils.data.DataLoader
     else:
         from adloader import DataLoader as loader_class
-    loader = loader_class(TinyImages((batches + 2) * batch), batch_size=batch, num_workers=workers)
+    loader = loader_class(Images((batches + 2) * batch), batch_size=batch, num_workers=workers)
     iterator = iter(loader)
     for _ in range(2):
         next(iterator)
@@ -106,8 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"median adloader / torch: {result['median_ratio_adloader_over_torch']:.3f} (goal {result['goal']}: "
           f"{'met' if result['met'] else 'missed'})")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_json(args.json, result)
         print(f"wrote {args.json}")
     return 0
 

@@ -147,6 +147,7 @@ TIERS: dict[str, tuple[str, ...]] = {
         "test_dataloader_torch_parity", "test_dataloader_frameworks", "test_unchanged_programs", "test_dataloader_state", "test_socket_discovery", "test_slurm", "test_slurm_queue", "test_install", "test_packaging",
         "test_cli", "test_unmanaged", "test_throughput_model_cli", "test_throughput_model_api", "test_restart_resumes_plan",
         "test_training_processes", "test_autoload", "test_worker_targets", "test_doctor", "test_step_timer", "test_bench_gpu",
+        "test_bench_gil_step",
     ),
 }
 """Each test file's tier (README, "Tests"): ``pytest -m pure`` runs in seconds anywhere;
