@@ -20,7 +20,8 @@ worker), split over its ranks; a worker is costed at the most one was seen to co
 none is added while the measured cost still grows (a worker just started has not filled
 its buffers) or before the job's workers have loaded: a worker that has not yet touched its
 dataset holds little, and a cost read then would let a policy add workers that fill up later.
-Until a job runs a worker there is nothing to measure: it gets no more workers than it asked for. Every root (/proc, the cgroup mounts) is injectable.
+Until a job runs a worker there is nothing to measure: it gets no more workers than it asked
+for. Every root (/proc, the cgroup mounts) is injectable.
 """
 from __future__ import annotations
 
@@ -51,8 +52,8 @@ UNLOADED_HOLD_S = 30.0
 """How long a job's first worker cost is held unsettled without evidence that each worker has
 loaded (a steady window in which the job delivered a batch per worker): a job slower than that
 is settled on the cost then. On a loaded 2-core CI machine two readings 2 s apart both found a
-just-forked worker that had not yet allocated its dataset (about 0.25 MiB of its 200 MiB): the cap said
-1195 workers would fit."""
+just-forked worker that had not yet allocated its dataset (about 0.25 MiB of its 200 MiB): the
+cap said 1195 workers would fit."""
 ROOMY = 2.0
 """A job whose room holds this many times the workers no policy gives it anyway
 (``ceiling_per_rank`` per rank), each costed at a cheap upper bound (the largest worker's

@@ -58,6 +58,7 @@ def test_the_dry_run_checks_every_part_and_writes_a_sane_summary(tmp_path: Path)
     assert [case["name"] for case in cases] == ["starved", "keeps_up", "kernels_outlast_python"]
     assert all(case["reporter_on_device"] for case in cases)
     assert 0.5 < summary["reporter_overhead"] < 2.0
+    assert 0.5 < summary["overhead"]["reporter_overhead_fast_switch"] < 2.0  # again at a 0.5 ms GIL switch interval
     assert 0.0 < summary["overhead"]["step_timer_us"] < 10_000
     resize = summary["resize"]
     assert resize["exactly_once"] is True and resize["samples"] == DRY_RUN.resize_samples
