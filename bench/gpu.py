@@ -8,17 +8,22 @@ and each part's raw data beside it (docs/gpu.md). ``--dry-run`` runs the same pa
 with an emulated device, at the smallest sizes, in under two minutes.
 
 The first line printed says what this Python found (torch, its CUDA, the GPU): a lent machine
-has its own Python and nothing can be installed there.
+has its own Python and nothing can be installed there. ``--mount-cgroup-v1`` first mounts cgroup
+v1 beside a machine's cgroup v2 (bench/gpu_check/cgroup_v1_beside_v2.sh; the node benchmark
+drives the cgroup-v1 backend, and the lent machines have v2 only): only on a machine you may
+reconfigure.
 """
 from __future__ import annotations
 
 import argparse
 import logging
+import subprocess
 import sys
 from pathlib import Path
 from typing import Sequence
 
 PARTS = ("data_wait", "overhead", "resize", "throughput_model", "node")
+MOUNT_CGROUP_V1 = Path(__file__).resolve().parent / "gpu_check" / "cgroup_v1_beside_v2.sh"
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -28,6 +33,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="no GPU: the same parts on the CPU with an emulated device, smallest sizes")
     parser.add_argument("--parts", default=None, metavar="P,P,...",
                         help=f"run only these parts (of {','.join(PARTS)})")
+    parser.add_argument("--mount-cgroup-v1", action="store_true",
+                        help="first mount cgroup v1's cpu, cpuacct and cpuset beside cgroup v2 for the node part "
+                             "(root; it takes those controllers from every v2 group: a throwaway machine only)")
     return parser.parse_args(argv)
 
 
@@ -39,6 +47,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.mount_cgroup_v1:
+        mounted = subprocess.run(["sh", str(MOUNT_CGROUP_V1)], capture_output=True, text=True)
+        print((mounted.stdout + mounted.stderr).strip(), flush=True)  # a failure shows again in the node part
     from bench.gpu_check.environment import GpuCheckError, require_torch
 
     try:

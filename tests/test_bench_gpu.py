@@ -163,3 +163,14 @@ def test_auto_compute_is_emulated_without_a_gpu() -> None:
 
     assert resolve("auto") == "sleep"
     assert resolve("cuda") == "cuda"
+
+
+@pytest.mark.skipif(not Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").exists(),
+                    reason="cgroup v1's cpu hierarchy is not mounted here: the script would reconfigure this "
+                           "machine's cgroups, which a test must never do")
+def test_asked_to_mount_cgroup_v1_where_it_is_mounted_it_says_so_and_goes_on(tmp_path: Path) -> None:
+    done = _bench_gpu("--out", str(tmp_path), "--dry-run", "--parts", "resize", "--mount-cgroup-v1")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "cgroup_v1_beside_v2: cgroup v1 cpu is already mounted" in done.stdout
+    assert json.loads((tmp_path / "summary.json").read_text())["parts"]["resize"]["status"] == "ok"
+
