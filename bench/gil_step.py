@@ -35,7 +35,7 @@ def spin(milliseconds: float) -> None:
         pass
 
 
-def step_ms(loader_name: str, batches: int, step_ms_: float, workers: int, batch: int = 32) -> float:
+def step_ms(loader_name: str, batches: int, spin_ms: float, workers: int, batch: int = 32) -> float:
     """Wall milliseconds a step takes over ``loader_name``'s loader (``torch`` or ``adloader``)."""
     if loader_name == "torch":
         loader_class: Any = torch.utils.data.DataLoader
@@ -45,10 +45,10 @@ def step_ms(loader_name: str, batches: int, step_ms_: float, workers: int, batch
     iterator = iter(loader)
     for _ in range(2):
         next(iterator)
-        spin(step_ms_)
+        spin(spin_ms)
     started = time.perf_counter()
     for _ in iterator:
-        spin(step_ms_)
+        spin(spin_ms)
     elapsed = time.perf_counter() - started
     close = getattr(loader, "close", None)
     if close is not None:
@@ -56,26 +56,26 @@ def step_ms(loader_name: str, batches: int, step_ms_: float, workers: int, batch
     return elapsed / batches * 1e3
 
 
-def _in_fresh_interpreter(loader_name: str, batches: int, step_ms_: float, workers: int) -> float:
+def _in_fresh_interpreter(loader_name: str, batches: int, spin_ms: float, workers: int) -> float:
     code = ("import sys; from bench.gil_step import step_ms; "
-            f"print(step_ms({loader_name!r}, {batches}, {step_ms_}, {workers}))")
+            f"print(step_ms({loader_name!r}, {batches}, {spin_ms}, {workers}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parent.parent).stdout
     return float(out.strip().splitlines()[-1])
 
 
-def run(repeats: int, batches: int, step_ms_: float, workers: int, progress=print) -> dict[str, Any]:
+def run(repeats: int, batches: int, spin_ms: float, workers: int, progress=print) -> dict[str, Any]:
     rows = []
     for repeat in range(repeats):
         order = ("torch", "adloader") if repeat % 2 == 0 else ("adloader", "torch")
-        measured = {name: _in_fresh_interpreter(name, batches, step_ms_, workers) for name in order}
+        measured = {name: _in_fresh_interpreter(name, batches, spin_ms, workers) for name in order}
         rows.append({"repeat": repeat, "order": list(order), **{f"{name}_step_ms": ms for name, ms in measured.items()},
                      "ratio": measured["adloader"] / measured["torch"]})
         progress(f"  repeat {repeat + 1}: torch {measured['torch']:.2f} ms, adloader {measured['adloader']:.2f} ms a step "
                  f"(x{rows[-1]['ratio']:.3f})")
     ratio = statistics.median(row["ratio"] for row in rows)
     return {"benchmark": "a GIL-holding training step over torch's loader and adloader's (bench/gil_step.py)",
-            "step_ms": step_ms_, "batches": batches, "workers": workers, "repeats": repeats,
+            "step_ms": spin_ms, "batches": batches, "workers": workers, "repeats": repeats,
             "python": sys.version.split()[0], "torch": torch.__version__,
             "median_ratio_adloader_over_torch": ratio, "goal": f"<= {GOAL}", "met": ratio <= GOAL, "runs": rows}
 

@@ -7,7 +7,7 @@ from bench.gil_step import run, step_ms
 
 def test_a_short_run_times_both_loaders_interleaved_and_gives_their_ratio() -> None:
     said: list[str] = []
-    result = run(repeats=2, batches=20, step_ms_=2.0, workers=1, progress=said.append)
+    result = run(repeats=2, batches=20, spin_ms=2.0, workers=1, progress=said.append)
     assert [row["order"] for row in result["runs"]] == [["torch", "adloader"], ["adloader", "torch"]]
     for row in result["runs"]:
         assert row["torch_step_ms"] >= 2.0 and row["adloader_step_ms"] >= 2.0  # the spin is in every step
@@ -16,5 +16,5 @@ def test_a_short_run_times_both_loaders_interleaved_and_gives_their_ratio() -> N
 
 
 def test_a_step_takes_at_least_its_spin_over_either_loader() -> None:
-    assert step_ms("adloader", batches=10, step_ms_=3.0, workers=1) >= 3.0
-    assert step_ms("torch", batches=10, step_ms_=3.0, workers=1) >= 3.0
+    assert step_ms("adloader", batches=10, spin_ms=3.0, workers=1) >= 3.0
+    assert step_ms("torch", batches=10, spin_ms=3.0, workers=1) >= 3.0

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.controller_process import cgroup_v1_usable
 from bench.gpu_check.device import EmulatedDevice
 from bench.gpu_check.model_fit import interleaved
 from bench.gpu_check.plan import DRY_RUN
@@ -165,8 +166,8 @@ def test_auto_compute_is_emulated_without_a_gpu() -> None:
     assert resolve("cuda") == "cuda"
 
 
-@pytest.mark.skipif(not Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").exists(),
-                    reason="cgroup v1's cpu hierarchy is not mounted here: the script would reconfigure this "
+@pytest.mark.skipif(not cgroup_v1_usable(),
+                    reason="cgroup v1's cpu hierarchy is not mounted writable here (or not root): the script would reconfigure this "
                            "machine's cgroups, which a test must never do")
 def test_asked_to_mount_cgroup_v1_where_it_is_mounted_it_says_so_and_goes_on(tmp_path: Path) -> None:
     done = _bench_gpu("--out", str(tmp_path), "--dry-run", "--parts", "resize", "--mount-cgroup-v1")

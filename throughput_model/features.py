@@ -248,16 +248,21 @@ class _ConstantReads(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
         if func is torch.ops.aten._local_scalar_dense.default and args[0].is_meta:
-            value = args[0]
-            return 0.01 if _differentiable(value) else (True if value.dtype == torch.bool else 1)
+            constant = _constant_for(args[0])
+            return bool(constant) if args[0].dtype == torch.bool else constant
         return func(*args, **(kwargs or {}))
 
 
 def _stand_in(tensor: torch.Tensor, requires_grad: bool) -> torch.Tensor:
     """A CPU tensor of ``tensor``'s shape and dtype holding a harmless constant: 0.01 for floating
     point (a weight, an activation), 1 for integers and booleans (a valid token id, an open mask)."""
-    stand_in = torch.full(tensor.shape, 0.01 if _differentiable(tensor) else 1, dtype=tensor.dtype)
+    stand_in = torch.full(tensor.shape, _constant_for(tensor), dtype=tensor.dtype)
     return stand_in.requires_grad_(requires_grad and _differentiable(tensor))
+
+
+def _constant_for(tensor: torch.Tensor) -> float | int:
+    """The harmless constant a stand-in of ``tensor`` holds, and a read of its value returns."""
+    return 0.01 if _differentiable(tensor) else 1
 
 
 def _meta(tensor: torch.Tensor, requires_grad: bool) -> torch.Tensor:

@@ -83,8 +83,8 @@ def step_timer_us(device: CheckDevice, pairs: int = 1000) -> float:
     return elapsed / pairs * 1e6
 
 
-def interleaved(device: CheckDevice, step: Callable[[torch.Tensor], None], batches: int, repeats: int, batch: int,
-                workers: int, progress: Callable[[str], None], label: str) -> tuple[list[float], list[float]]:
+def paired_rates(device: CheckDevice, step: Callable[[torch.Tensor], None], batches: int, repeats: int, batch: int,
+                 workers: int, progress: Callable[[str], None], label: str) -> tuple[list[float], list[float]]:
     """Samples/s of torch's loader and adloader's, one after the other, ``repeats`` times."""
     torch_rates, adloader_rates = [], []
     for index in range(repeats):
@@ -98,13 +98,13 @@ def interleaved(device: CheckDevice, step: Callable[[torch.Tensor], None], batch
 def run(device: CheckDevice, batches: int, repeats: int, batch: int = 32, workers: int = 2,
         progress=print) -> dict[str, Any]:
     step = training_step(device)
-    torch_rates, adloader_rates = interleaved(device, step, batches, repeats, batch, workers, progress,
+    torch_rates, adloader_rates = paired_rates(device, step, batches, repeats, batch, workers, progress,
                                               "reporter overhead")
     ratio = statistics.median(torch_rates) / statistics.median(adloader_rates)
     interval = sys.getswitchinterval()
     sys.setswitchinterval(FAST_SWITCH_S)
     try:
-        fast_torch, fast_adloader = interleaved(device, step, batches, repeats, batch, workers, progress,
+        fast_torch, fast_adloader = paired_rates(device, step, batches, repeats, batch, workers, progress,
                                                 f"GIL switch interval {FAST_SWITCH_S * 1e3:g} ms")
     finally:
         sys.setswitchinterval(interval)
