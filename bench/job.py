@@ -32,9 +32,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
+import torch
+
 from bench.gpu_step import COMPUTE_MODES, DEFAULT_MODEL, HeldStep, ModelStep, sleep_step
 
 TIMELINE_VERSION = 1
+
+TRAINING_ONLY = (resource.RUSAGE_SELF,)
+"""The job's own process, without its loader's workers: what ``training_cpu_s`` counts."""
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -99,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             persistent_workers=args.num_workers > 0,
         )
     loop = GpuLoop(time.monotonic(), args.python_ms_per_batch / 1000.0, held or sleep_step)
-    cpu_at_start = _cpu_seconds()
+    cpu_at_start, own_cpu_at_start = _cpu_seconds(), _cpu_seconds(TRAINING_ONLY)
     loop_start_wall = time.time()
     samples = training_steps = 0
     while samples < args.samples:
@@ -136,6 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "compute": args.compute,
         "gpu_late_s": held.late_s if held is not None else 0.0,
         "cpu_s": _cpu_seconds() - cpu_at_start,
+        "training_cpu_s": _cpu_seconds(TRAINING_ONLY) - own_cpu_at_start,
+        "torch_threads": torch.get_num_threads(),
         "steps": steps,
         "steps_fields": ["t_s", "wait_s", "compute_s"],
     }
@@ -184,10 +191,10 @@ def python_work(seconds: float) -> None:
         sum(range(200))
 
 
-def _cpu_seconds() -> float:
-    """CPU time of this process and of its reaped descendants (the loader's workers)."""
-    usage = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
-    return sum(u.ru_utime + u.ru_stime for u in usage)
+def _cpu_seconds(whose: tuple[int, ...] = (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)) -> float:
+    """CPU time of this process and of its reaped descendants (the loader's workers); of this
+    process alone (its training: the loop, its kernel launches, pinning) with ``whose=(RUSAGE_SELF,)``."""
+    return sum(u.ru_utime + u.ru_stime for u in map(resource.getrusage, whose))
 
 
 def samples_in(batch: object) -> int:

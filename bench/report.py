@@ -78,7 +78,9 @@ def score_run(run: RunOutcome) -> dict[str, Any]:
             "start_s": outcome.launched_s,
             "end_s": outcome.ended_s,
             "samples": timeline.get("samples", 0),
-            "loader_cpu_s": timeline.get("cpu_s"),
+            "loader_cpu_s": timeline.get("cpu_s"),  # the job's process and its workers
+            "training_cpu_s": timeline.get("training_cpu_s"),  # the job's process alone
+            "torch_threads": timeline.get("torch_threads"),
             # where the job's GPU idled (the simulator's check against reality needs them apart):
             # waiting for batches, waking late from its steps on a contended CPU, and starting
             "wait_s": timeline.get("wait_s"),

@@ -69,9 +69,17 @@ def test_the_dry_run_checks_every_part_and_writes_a_sane_summary(tmp_path: Path)
     assert model["fitted_lofo_mean_ape"] >= 0.0 and model["prior_mean_ape"] >= 0.0
     node = summary["node"]
     assert node["mix"] == "gpu-check-tiny" and node["jobs"] == 2 and node["stages_done"] == 2
-    for ratio in ("adaptive_vs_static_gpu_busy", "adaptive_vs_even_gpu_busy", "adaptive_vs_oracle_gpu_busy"):
+    for ratio in ("adaptive_vs_static_gpu_busy", "adaptive_vs_even_gpu_busy", "adaptive_vs_oracle_gpu_busy",
+                  "with_loaders_vs_static_gpu_busy"):
         assert 0.2 < node[ratio] < 5.0, (ratio, node[ratio])
-    assert set(node["gpu_busy"]) >= {"static", "even", "adaptive", "oracle"}
+    assert set(node["gpu_busy"]) >= {"static", "even", "adaptive", "adaptive@with-loaders", "oracle"}
+    # each run's controller log is kept for whoever reads the results, and each job's own CPU apart
+    logs = {log.name for log in (tmp_path / "node-logs").iterdir()}
+    assert {"static-0.controller.log", "adaptive-0.controller.log"} <= logs, logs
+    assert "policy" in (tmp_path / "node-logs" / "adaptive-0.controller.log").read_text()
+    jobs = json.loads((tmp_path / "node.json").read_text())["documents"][0]["policies"]["adaptive"]["repeats"][0]["jobs"]
+    for job in jobs.values():
+        assert 0.0 < job["training_cpu_s"] <= job["loader_cpu_s"] and job["torch_threads"] >= 1, job
     assert all(0.0 < busy <= 1.0 for busy in node["gpu_busy"].values())
     assert node["settle_s"] is not None and node["settle_s"] >= 0.0
 

@@ -7,9 +7,17 @@ one device, each step held to the mix's compute time; the jobs' ``gpu_late_s`` s
 the GPU ever was the limit. Reported: adaptive against static, even and the oracle (GPU busy),
 each policy's GPU busy, and adaptive's settling time. The oracle runs in a benchmark of its
 own, after the others, so that a run stopped at its budget keeps what came before.
+
+``adaptive@with-loaders`` runs adaptive with each job's training processes left in its CPU
+group. On the H200, once the loaders had become cheaper, adaptive fell to 0.80x static in two
+runs (1.10x before). On a GPU each job's training process works (pinning batches, launching
+kernels, torch's intra-op threads); every policy moves it out of the job's group, where it
+competes at a task's default weight beside groups that adaptive weights down to 40. The stage
+tells whether that placement is the cost. Each run's controller log (every decision with its reason) is kept beside the results.
 """
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -18,7 +26,10 @@ from bench import node, report
 from bench.mix import Mix, load_mix
 from bench.runner import RunOutcome
 
-STAGES = (("static", "even", "adaptive"), ("oracle",))
+WITH_LOADERS = "adaptive@with-loaders"
+"""adaptive with each job's training processes in its CPU group (controller --training-processes)."""
+
+STAGES = (("static", "even", "adaptive", WITH_LOADERS), ("oracle",))
 """The policies, in two benchmarks: the oracle's (its true curves measured first) last."""
 
 
@@ -33,9 +44,10 @@ def late_seconds(runs: list[RunOutcome]) -> dict[str, float]:
 
 def run(mix_path: Path, scale: float, cpus: str, compute: str, cache: Path,
         keep: Callable[[dict[str, Any]], None] = lambda result: None, workdir: Path | None = None,
-        progress: Callable[[str], None] = print) -> dict[str, Any]:
+        progress: Callable[[str], None] = print, logs: Path | None = None) -> dict[str, Any]:
     """The benchmark in :data:`STAGES`, one run per policy; ``keep`` gets the result so far after
-    each stage, so that a run stopped in the oracle's stage keeps the others' figures."""
+    each stage, so that a run stopped in the oracle's stage keeps the others' figures. ``logs``:
+    where each run's controller log is copied after its stage (``<run>.controller.log``)."""
     mix = load_mix(mix_path)
     if scale != 1.0:
         mix = mix.scaled(scale)
@@ -50,22 +62,36 @@ def run(mix_path: Path, scale: float, cpus: str, compute: str, cache: Path,
             late.update(late_seconds(runs))
             result = _result(mix, scale, cpus, compute, documents, late)
             keep(result)
+            if logs is not None:
+                keep_controller_logs(Path(directory), logs)
     progress(f"  node benchmark ({mix.name} x{scale:g}, {compute}): adaptive/static "
              f"{_shown(result['adaptive_vs_static_gpu_busy'])}, /even {_shown(result['adaptive_vs_even_gpu_busy'])}, "
-             f"/oracle {_shown(result['adaptive_vs_oracle_gpu_busy'])}, settle {result['settle_s']} s")
+             f"/oracle {_shown(result['adaptive_vs_oracle_gpu_busy'])}, settle {result['settle_s']} s; "
+             f"{WITH_LOADERS}/static {_shown(result['with_loaders_vs_static_gpu_busy'])}")
     return result
+
+
+def keep_controller_logs(workdir: Path, logs: Path) -> list[Path]:
+    """Copy every run's controller log under ``workdir`` to ``logs``, named by its run; the copies."""
+    logs.mkdir(parents=True, exist_ok=True)
+    kept = []
+    for log in sorted(workdir.rglob("controller.log")):
+        kept.append(Path(shutil.copyfile(log, logs / f"{log.parent.name}.controller.log")))
+    return kept
 
 
 def _result(mix: Mix, scale: float, cpus: str, compute: str, documents: list[dict[str, Any]],
             late: dict[str, float]) -> dict[str, Any]:
     policies = {label: summary for document in documents for label, summary in document["policies"].items()}
-    ratios = report.ratios(policies).get("adaptive", {})
+    every_ratio = report.ratios(policies)
+    ratios = every_ratio.get("adaptive", {})
     return {
         "mix": mix.name, "scale": scale, "cpus": cpus, "jobs": len(mix.jobs), "gpu_step": documents[0]["benchmark"],
         "shared_gpu": "every job trains on the one GPU of this machine" if compute == "cuda" else None,
         "adaptive_vs_static_gpu_busy": ratios.get("vs_static", {}).get("gpu_busy"),
         "adaptive_vs_even_gpu_busy": ratios.get("vs_even", {}).get("gpu_busy"),
         "adaptive_vs_oracle_gpu_busy": ratios.get("vs_oracle", {}).get("gpu_busy"),
+        "with_loaders_vs_static_gpu_busy": every_ratio.get(WITH_LOADERS, {}).get("vs_static", {}).get("gpu_busy"),
         "gpu_busy": {label: summary["gpu_busy"] for label, summary in policies.items()},
         "settle_s": policies.get("adaptive", {}).get("settle_s"),
         "gpu_late_s": late,

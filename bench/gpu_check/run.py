@@ -61,7 +61,7 @@ def parts(device: CheckDevice, sizes: Sizes, out: Path, progress: Callable[[str]
                                                   progress=progress),
         "node": lambda: node_check.run(sizes.node_mix, sizes.node_scale, sizes.node_cpus, sizes.node_compute,
                                        CACHE_DIR, keep=lambda result: _write(out / "node.json", result),
-                                       progress=progress),
+                                       progress=progress, logs=out / "node-logs"),
     }
 
 
@@ -74,7 +74,7 @@ SUMMARY_KEYS = {
     "throughput_model": ("points", "families", "prior_mean_ape", "prior_basis", "fitted_lofo_mean_ape",
                          "fitted_lofo_p90_ape", "roofline_prior_mean_ape"),
     "node": ("stages_done", "mix", "scale", "cpus", "jobs", "gpu_step", "shared_gpu", "adaptive_vs_static_gpu_busy",
-                       "adaptive_vs_even_gpu_busy", "adaptive_vs_oracle_gpu_busy", "gpu_busy", "settle_s",
+                       "adaptive_vs_even_gpu_busy", "adaptive_vs_oracle_gpu_busy", "with_loaders_vs_static_gpu_busy", "gpu_busy", "settle_s",
                        "gpu_late_s"),
 }
 """What of each part's result goes into summary.json, under the part's name (the rest stays in
