@@ -167,6 +167,22 @@ def test_a_node_job_trains_a_real_model_when_told(tmp_path: Path) -> None:
     assert result["cpu_s"] > 0.0
 
 
+@pytest.mark.skipif(not cgroup_v1_usable(), reason="the node part runs a real controller: it needs root and cgroup v1")
+def test_a_stage_that_would_not_fit_in_what_is_left_is_not_started_and_the_result_says_why() -> None:
+    """After the first stage, a later one (the oracle's, which measures every job's true curves
+    first) starts only with ORACLE_AFTER times the first stage's time left; else the part ends
+    with what it measured and ``not_run`` names the stage and the seconds."""
+    from bench.gpu_check import node_check
+    from bench.node import CACHE_DIR
+
+    kept: list[dict] = []
+    result = node_check.run(DRY_RUN.node_mix, 1.0, DRY_RUN.node_cpus, "sleep", CACHE_DIR, keep=kept.append,
+                            progress=lambda line: None, time_left=lambda: 1.0, stages=(("static",), ("oracle",)))
+    assert result["stages_done"] == 1 and set(result["gpu_busy"]) == {"static"}
+    assert result["not_run"].startswith("oracle: 1 s of the part's budget were left, under 1.5x the ")
+    assert kept[-1] is result  # kept as the part's result so far, as after every stage
+
+
 def test_auto_compute_is_emulated_without_a_gpu() -> None:
     from bench.gpu_step import resolve
 

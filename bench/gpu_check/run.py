@@ -47,6 +47,11 @@ def deadline(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
+def seconds_left() -> float:
+    """Seconds left of the running part's budget: what :func:`deadline`'s timer has still to run."""
+    return signal.getitimer(signal.ITIMER_REAL)[0]
+
+
 def parts(device: CheckDevice, sizes: Sizes, out: Path, progress: Callable[[str], None]
           ) -> dict[str, Callable[[], dict]]:
     """Each part as a call, in the order they run (the node benchmark, the longest, last, keeping
@@ -61,7 +66,8 @@ def parts(device: CheckDevice, sizes: Sizes, out: Path, progress: Callable[[str]
                                                   progress=progress),
         "node": lambda: node_check.run(sizes.node_mix, sizes.node_scale, sizes.node_cpus, sizes.node_compute,
                                        CACHE_DIR, keep=lambda result: _write(out / "node.json", result),
-                                       progress=progress, logs=out / "node-logs"),
+                                       progress=progress, logs=out / "node-logs",
+                                       time_left=seconds_left),
     }
 
 
@@ -74,7 +80,7 @@ SUMMARY_KEYS = {
     "throughput_model": ("points", "families", "prior_mean_ape", "prior_basis", "fitted_lofo_mean_ape",
                          "fitted_lofo_p90_ape", "roofline_prior_mean_ape"),
     "node": ("stages_done", "mix", "scale", "cpus", "jobs", "gpu_step", "shared_gpu", "adaptive_vs_static_gpu_busy",
-                       "adaptive_vs_even_gpu_busy", "adaptive_vs_oracle_gpu_busy", "with_loaders_vs_static_gpu_busy", "gpu_busy", "settle_s",
+                       "adaptive_vs_even_gpu_busy", "adaptive_vs_oracle_gpu_busy", "with_loaders_vs_static_gpu_busy", "not_run", "gpu_busy", "settle_s",
                        "gpu_late_s"),
 }
 """What of each part's result goes into summary.json, under the part's name (the rest stays in
