@@ -13,7 +13,8 @@ group. On the H200, once the loaders had become cheaper, adaptive fell to 0.80x 
 runs (1.10x before). On a GPU each job's training process works (pinning batches, launching
 kernels, torch's intra-op threads); every policy moves it out of the job's group, where it
 competes at a task's default weight beside groups that adaptive weights down to 40. The stage
-tells whether that placement is the cost. Each run's controller log (every decision with its reason) is kept beside the results.
+tells whether that placement is the cost. Each run's controller log (every decision with its
+reason) is kept beside the results.
 """
 from __future__ import annotations
 
@@ -53,8 +54,8 @@ def run(mix_path: Path, scale: float, cpus: str, compute: str, cache: Path,
         progress: Callable[[str], None] = print, logs: Path | None = None,
         time_left: Callable[[], float] | None = None, clock: Callable[[], float] = time.monotonic,
         stages: tuple[tuple[str, ...], ...] = STAGES) -> dict[str, Any]:
-    """The benchmark in ``stages`` (:data:`STAGES`), one run per policy; ``keep`` gets the result so far after
-    each stage, so that a run stopped in the oracle's stage keeps the others' figures. ``logs``:
+    """The benchmark in ``stages`` (:data:`STAGES`), one run per policy; ``keep`` gets the result
+    so far after each stage, so that a run stopped in the oracle's stage keeps the others' figures. ``logs``:
     where each run's controller log is copied after its stage (``<run>.controller.log``).
     ``time_left``: seconds left of the part's budget (None: no limit); a later stage that would
     not fit (:data:`ORACLE_AFTER`) is not started, and the result says why (``not_run``)."""

@@ -80,8 +80,8 @@ SUMMARY_KEYS = {
     "throughput_model": ("points", "families", "prior_mean_ape", "prior_basis", "fitted_lofo_mean_ape",
                          "fitted_lofo_p90_ape", "roofline_prior_mean_ape"),
     "node": ("stages_done", "mix", "scale", "cpus", "jobs", "gpu_step", "shared_gpu", "adaptive_vs_static_gpu_busy",
-                       "adaptive_vs_even_gpu_busy", "adaptive_vs_oracle_gpu_busy", "with_loaders_vs_static_gpu_busy", "not_run", "gpu_busy", "settle_s",
-                       "gpu_late_s"),
+                       "adaptive_vs_even_gpu_busy", "adaptive_vs_oracle_gpu_busy", "with_loaders_vs_static_gpu_busy",
+                       "not_run", "gpu_busy", "settle_s", "gpu_late_s"),
 }
 """What of each part's result goes into summary.json, under the part's name (the rest stays in
 DIR/<part>.json)."""
