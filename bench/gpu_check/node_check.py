@@ -66,6 +66,7 @@ def run(mix_path: Path, scale: float, cpus: str, compute: str, cache: Path,
     documents: list[dict[str, Any]] = []
     late: dict[str, float] = {}
     first_stage_s: float | None = None
+    result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="adloader-gpu-node-", dir=workdir) as directory:
         for stage in stages:
             left = None if first_stage_s is None or time_left is None else time_left()
