@@ -3,10 +3,13 @@
 Under ``adloader run`` a job's code is not ours to edit, so nobody hands us its model, batch
 and optimizer. torch can: a global optimizer step pre-hook
 (``torch.optim.optimizer.register_optimizer_step_pre_hook``) sees the optimizer at its first
-step, and global module forward hooks see every top-level module call before it, with its
-arguments. At that first step the model is the top-level module called since start whose
-parameters are (at least half, by size) what the optimizer trains; its last call's arguments
-are the example batch. The job is then described as ``describe_model`` would (on the meta
+step, and global module forward hooks see every module call before it, with its arguments.
+At that first step the model is the outermost module called since start whose parameters are
+(at least half, by size) what the optimizer trains and whose call ran its own ``forward``; its
+last call's arguments are the example batch. A module with no ``forward`` of its own, or whose
+``forward`` was patched on the instance for the call (Lightning's DDP routes ``training_step``
+through the wrapper that way, so the arguments are the step's, not the forward's), is passed
+over for the modules it calls. The job is then described as ``describe_model`` would (on the meta
 device: nothing runs, the job's tensors are never touched), its features announced to the
 controller, and the module hooks removed: after the first step the job's forward passes run
 hook-free (the optimizer hook stays, a no-op). Where the forward runs inside the step (a
@@ -39,8 +42,9 @@ MIN_COVERED = 0.5
 """Share of the optimizer's parameters (by elements) a module must hold to be taken as the model."""
 MAX_STEPS_WAITED = 3
 """Steps to wait for a first module call (a closure runs the forward inside ``optimizer.step``)."""
-MAX_CANDIDATES = 8
-"""Top-level modules remembered until the first step (a loss module, a teacher, the model...)."""
+MAX_CANDIDATES = 4096
+"""Module calls remembered until the first step (a loss module, a teacher, the model and the modules
+inside each): the newest call of each module, the oldest forgotten first."""
 _SHARDED = ("FullyShardedDataParallel", "FSDPModule")
 _WRAPPERS = {"DistributedDataParallel": "module", "DataParallel": "module", "OptimizedModule": "_orig_mod"}
 
@@ -55,7 +59,8 @@ class AutoDescriber:
     measured_only: str | None = None
     seconds: float = 0.0
     done: threading.Event = field(default_factory=threading.Event)
-    _calls: dict[int, tuple[Any, Any, Any]] = field(default_factory=dict)
+    _calls: dict[int, tuple[int, Any, Any, Any]] = field(default_factory=dict)
+    """id(module) -> (nesting depth of the call, weak reference, args, kwargs as meta tensors)."""
     _depth: threading.local = field(default_factory=threading.local)
     _handles: list[Any] = field(default_factory=list)
     """The module hooks, removed at the description."""
@@ -78,8 +83,9 @@ class AutoDescriber:
 
     def _after_forward(self, module: Any, args: Any, *rest: Any) -> None:
         """(module, args, kwargs, output), or (module, args, output) when forward raised."""
-        self._depth.value = getattr(self._depth, "value", 1) - 1
-        if self._depth.value != 0 or len(rest) != 2:
+        depth = getattr(self._depth, "value", 1)
+        self._depth.value = depth - 1
+        if len(rest) != 2 or not _runs_own_forward(module):
             return
         import torch
         from torch.utils._pytree import tree_map
@@ -90,7 +96,8 @@ class AutoDescriber:
             return value
 
         self._calls.pop(id(module), None)
-        self._calls[id(module)] = (weakref.ref(module), tree_map(meta, tuple(args)), tree_map(meta, dict(rest[0])))
+        self._calls[id(module)] = (depth, weakref.ref(module), tree_map(meta, tuple(args)),
+                                   tree_map(meta, dict(rest[0])))
         while len(self._calls) > MAX_CANDIDATES:
             self._calls.pop(next(iter(self._calls)))
 
@@ -119,7 +126,7 @@ class AutoDescriber:
                         self.measured_only)
         self.done.set()
 
-    def _describe(self, optimizer: Any, calls: list[tuple[Any, Any, Any]]) -> None:
+    def _describe(self, optimizer: Any, calls: list[tuple[int, Any, Any, Any]]) -> None:
         from adloader.describe import was_called
 
         if was_called():
@@ -127,18 +134,19 @@ class AutoDescriber:
             return
         trained = {id(p): p.numel() for group in optimizer.param_groups for p in group["params"]}
         total = sum(trained.values()) or 1
-        best, best_share, best_call = None, 0.0, None
-        for ref, call_args, call_kwargs in calls:
+        best, best_rank, best_share, best_call = None, None, 0.0, None
+        for depth, ref, call_args, call_kwargs in calls:
             module = _unwrap(ref())
-            if module is None:
+            if module is None or not _runs_own_forward(module):
                 continue
             if type(module).__name__ in _SHARDED:
                 self.measured_only = f"its model is sharded ({type(module).__name__}): no module holds all of it"
                 return
             held = {id(p) for p in module.parameters()}
             share = sum(n for key, n in trained.items() if key in held) / total
-            if share > best_share:
-                best, best_share, best_call = module, share, (call_args, call_kwargs)
+            rank = (share < MIN_COVERED, depth, -share)  # covering the optimizer, then outermost, then most
+            if best_rank is None or rank < best_rank:
+                best, best_rank, best_share, best_call = module, rank, share, (call_args, call_kwargs)
         if best is None or best_share < MIN_COVERED:
             self.measured_only = (f"no module called before the first step holds the optimizer's parameters "
                                   f"(best {best_share:.0%}; a functional model?)")
@@ -154,6 +162,14 @@ class AutoDescriber:
         for note in description.notes:
             log.warning("adloader: describing %s: %s", type(best).__name__, note)
         self.features = description.features
+
+
+def _runs_own_forward(module: Any) -> bool:
+    """Whether calling the module runs a ``forward`` its class defines: not ``nn.Module``'s missing one,
+    not one patched on the instance (whose arguments need not be the class's forward's)."""
+    from torch import nn
+
+    return type(module).forward is not nn.Module.forward and "forward" not in vars(module)
 
 
 def _unwrap(module: Any) -> Any:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -149,6 +150,51 @@ def test_a_ddp_wrapped_model_is_described_through_its_wrapper() -> None:
     inner, batch = _model(), torch.randn(8, 32)
     expected = describe(inner, batch, optimizer=torch.optim.SGD(inner.parameters(), lr=0.1)).features
     assert json.loads(done.stdout.splitlines()[-1]) == [expected]
+
+
+_LIGHTNING_DDP_JOB = """
+import json, sys
+import torch
+import lightning as L
+from adloader import autodescribe
+sys.path.insert(0, sys.argv[1])
+from test_autodescribe import _model
+
+class Classifier(L.LightningModule):  # no forward of its own: training_step calls the network
+    def __init__(self):
+        super().__init__()
+        self.net = _model()
+
+    def training_step(self, batch, _index):
+        return torch.nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+announced = []
+autodescribe.install(announce=announced.append, world_size=lambda: 1)
+data = torch.utils.data.TensorDataset(torch.randn(16, 32), torch.zeros(16, dtype=torch.long))
+L.Trainer(accelerator="cpu", strategy="ddp", devices=1, max_steps=3, logger=False, enable_checkpointing=False,
+          enable_progress_bar=False, enable_model_summary=False, default_root_dir=sys.argv[2]).fit(
+    Classifier(), torch.utils.data.DataLoader(data, batch_size=8))
+print(json.dumps(announced))
+"""
+
+
+def test_a_lightning_module_without_forward_is_described_from_the_network_its_step_calls(tmp_path: Path) -> None:
+    """Lightning's DDP calls the wrapper with training_step's arguments, routed through a forward patched
+    on the module: the model described is the network training_step calls, with its own batch."""
+    pytest.importorskip("lightning", reason="lightning is not installed (./install.sh --test installs it)")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    environ = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    done = subprocess.run([sys.executable, "-c", _LIGHTNING_DDP_JOB, str(Path(__file__).parent), str(tmp_path)],
+                          env=environ, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    net = _model()
+    expected = describe(net, torch.randn(8, 32), optimizer=torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9))
+    assert json.loads(done.stdout.splitlines()[-1]) == [expected.features]
 
 
 def test_a_functional_model_is_measured_only_and_says_so_once(describer, caplog) -> None:
