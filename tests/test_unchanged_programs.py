@@ -122,7 +122,12 @@ def train_managed(program: Program, start_controller: Callable[..., ControllerPr
         try:
             wait_until(predicate, PHASE_S, what)
         except HarnessError as error:
-            raise HarnessError(f"{error}\nlauncher output: {job.output()}\ncontroller log:\n{controller.log()[-4000:]}")
+            snap = controller.job(job_id)
+            seen = snap and (f"pinned {snap.workers_pinned}, target {snap.workers_target}, running "
+                             f"{snap.workers_running}, samples {snap.samples_total}, state {snap.state}")
+            said = "\n".join(line for line in controller.log().splitlines() if " DEBUG " not in line)
+            raise HarnessError(f"{error}\nthe job: {seen}\nlauncher output: {job.output()}\n"
+                               f"controller log (no DEBUG):\n{said[-6000:]}")
 
     phase(lambda: (s := controller.job(job_id)) and s.state == "running" and s.ranks_reporting == program.ranks,
           f"{program.ranks} rank(s) of {program.name} to report")

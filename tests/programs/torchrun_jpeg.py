@@ -81,6 +81,7 @@ def main() -> None:
         if stop.item() > 0:
             break
     record.write(args.out)
+    dist.barrier()  # gloo can abort a rank that tears down while its peer still talks to it
     dist.destroy_process_group()
 
 
