@@ -20,7 +20,7 @@ import pytest
 
 from controller.policies import JobView
 from controller.worker_memory import WorkerMemory, read_meminfo
-from bench.controller_process import REPO, ControllerProcess, JobProcess, wait_until
+from bench.controller_process import REPO, ControllerProcess, JobProcess, base_environment, wait_until
 
 MEMORY = Path("/sys/fs/cgroup/memory")
 MIB = 1 << 20
@@ -339,7 +339,7 @@ def test_a_job_whose_workers_would_exceed_its_limit_gets_fewer_and_is_never_oom_
 
     # how much the job holds with its one worker, measured in a group of its own without a limit
     calibration = _group(memory_group)
-    probe = subprocess.Popen(in_group(calibration), cwd=REPO)
+    probe = subprocess.Popen(in_group(calibration), cwd=REPO, env=base_environment())
     try:
         wait_until(lambda: _working_set(calibration) > worker_mb * MIB and (tmp_path / "out").parent.exists(),
                    120, "the calibration job's worker to hold its memory")
