@@ -10,6 +10,7 @@ and shows that:
 - its workers follow a lower and then a higher target, live: an operator pins the job's workers
   (``adloader workers JOB N``, the CLI) to 1 a rank, then to 3 a rank, then gives them back to the
   policy (``auto``). The loaders' running workers, as the controller sees them, reach each;
+- its model is described from its first optimizer step (it gets a predicted max throughput);
 - every sample is delivered exactly once per epoch: over the ranks, each epoch's indices are
   ``range(N)`` with no duplicate;
 - each step's loss is exactly that of the same program run plainly (python or torchrun, no
@@ -138,6 +139,9 @@ def train_managed(program: Program, start_controller: Callable[..., ControllerPr
     pin_workers(controller, job_id, "auto")
     phase(running(controller, job_id, policy, ranks, None), f"the policy's {policy} worker(s) a rank again")
     phase(lambda: controller.job(job_id).samples_total >= SIZE.epochs * SIZE.samples, f"{SIZE.epochs} epochs trained")
+    said = job.output()[1]
+    assert controller.job(job_id).max_sps_predicted is not None and "measured only" not in said \
+        and "could not count" not in said, f"{program.name} was not described from its first step: {said[-3000:]}"
     stop.touch()
     assert job.wait(PHASE_S) == 0, job.output()
     return read_records(tmp_path / "managed", program.ranks)
