@@ -122,3 +122,22 @@ def test_a_job_found_unmanaged_is_planned_anew_not_kept_at_its_newcomers_placeho
     then = policy.allocate(node, [dataclasses.replace(_hungry("a"), current=first["a"], since_event_s=30.0,
                                                       allocation_age_s=30.0), found])
     assert then["u"].workers is None and math.isclose(_planned(then["u"]), PLAN_MARGIN * 0.1, abs_tol=0.01)
+
+
+def test_an_unmanaged_job_placed_before_its_use_was_measured_is_held_at_its_use_once_it_is() -> None:
+    """Found unmanaged at the step another job arrived, before its group's use was measured, a job
+    is given an even share (weight 50 of one core here). The step its use is first measured
+    (``newly_modelled``, the change clock's) the plan holds it at what it uses. Without that, the
+    reporting job's plan gains too little to pass the bar and the placeholder stayed for good: the
+    end-to-end test (tests/test_unmanaged.py) failed 9 of 19 runs here."""
+    node = NodeResources(cpus=(0,))
+    ages = {"allocation_age_s": 0.5, "since_event_s": 0.5, "age_s": 0.5}
+    keeping_up = JobView(job_id="m", name="m", gpus=1, max_throughput=100.0, loading_curve=((0.0, 1000.0),),
+                         curve_windows=20, achieved=100.0, current=JobAllocation(cpu_weight=50, cpus=(0,), workers=1),
+                         **ages)
+    placed = JobView(job_id="u", name="u", unmanaged=True, cores_used=0.1,
+                     current=JobAllocation(cpu_weight=50, cpus=(0,)), **ages)
+    kept = make_policy("adaptive").allocate(node, [keeping_up, placed])
+    assert kept["u"].cpu_weight == 50  # a step like any other: the plan's gain is under the bar
+    measured = make_policy("adaptive").allocate(node, [keeping_up, dataclasses.replace(placed, newly_modelled=True)])
+    assert measured["u"].cpu_weight < 40 and measured["m"].cpu_weight > 60  # 0.1 core used, far below half

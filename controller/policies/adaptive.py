@@ -264,11 +264,12 @@ class AdaptivePolicy:
         not predicted to beat the current one by more than the threshold (``outgrown``: the jobs
         planned dearer than their curves this step)."""
         current = {job.job_id: job.current for job in jobs}
-        if any((job.current.workers is None) != job.unmanaged
+        if any((job.current.workers is None) != job.unmanaged or (job.unmanaged and job.newly_modelled)
                or (job.current.cpu_weight is None) != (target[job.job_id].cpu_weight is None)
                or (job.current.cores is None) != (target[job.job_id].cores is None) for job in jobs):
-            # A job arrived or was just found unmanaged (it held a newcomer's placeholder), the previous
-            # policy set other kinds of limits, or weights stopped acting.
+            # A job arrived or was just found unmanaged (it held a newcomer's placeholder), an unmanaged
+            # job's use was just measured (it held an even share: no gain of the reporting jobs' would
+            # move it), the previous policy set other kinds of limits, or weights stopped acting.
             return False
         if any((a.read_bps is None) != (target[job_id].read_bps is None) for job_id, a in current.items()):
             return False  # reads became contended (throttles go on) or stopped being (they come off)
