@@ -47,8 +47,7 @@ class ChangeClock:
         """``views`` with their ages filled in; ``events`` happened since the last step. A job
         is newly modelled when it has a model now and had none at the step before: a job
         known from the start (its history's prior, or a model restored after a restart) never
-        is, its first plan already used the model. An unmanaged job's model is what its group
-        uses: it is newly modelled the step its use is first measured."""
+        is, its first plan already used the model."""
         now = self._clock()
         departure_step = "departure" in events
         job_set_changed = self._event_at is None or bool(JOB_SET_EVENTS.intersection(events))
@@ -56,8 +55,7 @@ class ChangeClock:
             self._event_at = now
         self._remember_remaining(views, job_set_changed)
         self._first_seen = {view.job_id: self._first_seen.get(view.job_id, now) for view in views}
-        modelled = {view.job_id for view in views
-                    if measured_model(view) is not None or (view.unmanaged and view.cores_used is not None)}
+        modelled = {view.job_id for view in views if measured_model(view) is not None}
         annotated = [
             dataclasses.replace(
                 view,

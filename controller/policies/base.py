@@ -118,9 +118,8 @@ class JobView:
     age_s: float | None = None
     """Seconds since the loop first saw the job (its first report); None: not tracked."""
     newly_modelled: bool = False
-    """True at the one control step at which the job's model (M and loading curve; for an
-    unmanaged job, the cores its group uses) became known, having been unknown at an earlier
-    step (controller/change_clock.py)."""
+    """True at the one control step at which the job's model (M and loading curve) became
+    known, having been unknown at an earlier step (controller/change_clock.py)."""
     departure_step: bool = False
     """True at the one control step at which another job's departure was seen: what it held
     is free, and the plan for the jobs left is made anew (controller/change_clock.py)."""
