@@ -39,7 +39,6 @@ from controller.worker_pins import max_pin
 from controller.peer import peer_belongs_to_job
 from controller.pending_queue import PendingQueue, queue_source
 from controller.policies import AdaptiveRules, JobAllocation, NodeResources, PolicyError, make_policy, policy_names
-from controller.policies.base import planned_workers_ceiling
 from controller.priors import JobFinishedHook, Predictor, Recall
 from controller.registry import Job, Registry
 from controller.safety_net import SafetyNet
@@ -131,7 +130,7 @@ class Controller:
             change_clock=ChangeClock(clock=clock),
             safety_net=SafetyNet(clock=clock, window_s=config.window_s, enabled=config.rules.safety_net),
             worker_memory=WorkerMemory(config.memory_reserve, proc=config.proc, cgroup_root=config.cgroup_root,
-                                       ceiling_per_rank=planned_workers_ceiling(self.node), executor=self._memory_reads,
+                                       ceiling_per_rank=self.node.max_workers_per_job, executor=self._memory_reads,
                                        clock=clock),
             training=self.training,
         )

@@ -218,14 +218,9 @@ class WorkerMemory:
         no policy gives it anyway: its cap decides nothing until the node's memory is half
         gone, and on a 16-job node the status reads of 8 jobs a second were a fifth of the
         controller's CPU (profiled);
-        ``ceiling_per_rank``: the most workers per rank a policy plans from cores
-        (:func:`~controller.policies.base.planned_workers_ceiling`), or a job's own ``num_workers``
-        where it asked for more: a memory cap at or above it decides nothing and is logged at
-        DEBUG only, as is a cap held while the workers' cost still grows. Judged against the
-        node's per-rank cap (32) instead, no 2-core node with 23 GiB was roomy for a torch job,
-        and each job's workers were held at their first count until their cost settled: up to
-        UNLOADED_HOLD_S for a job whose workers restart each short epoch (a pin to 3 workers a
-        rank of the unchanged torchrun program took 35 s, 6 s judged against 4 a rank). ``executor``: where
+        ``ceiling_per_rank``: the most workers per rank a policy gives anyway (the node's
+        ``max_workers_per_job``): a memory cap at or above it decides nothing and is logged at
+        DEBUG only, as is a cap held while the workers' cost still grows. ``executor``: where
         the kernel is read (None: in :meth:`annotate` itself). The daemon gives it a thread
         of its own: reading a process's smaps_rollup or cmdline waits for the process's
         memory map, which a job forking its workers holds, and a job starved of CPU holds it
@@ -322,7 +317,7 @@ class WorkerMemory:
             return None
         now = self._clock()
         last = self._measured.get(view.job_id)
-        if room.bytes - margin >= ROOMY * bound.per_worker * self._ceiling(view) * max(1, view.ranks):
+        if room.bytes - margin >= ROOMY * bound.per_worker * self.ceiling_per_rank * max(1, view.ranks):
             verdict = self._fitting(view, bound, room, margin, growing=False)
             return dataclasses.replace(verdict, measured=self._reported(view.job_id, last, pids, workers, now))
         if last is not None and not last.growing and last.pids == frozenset(pids) and now - last.at < COST_REFRESH_S:
@@ -538,19 +533,14 @@ class WorkerMemory:
             return None
         return None
 
-    def _ceiling(self, view: JobView) -> int:
-        """The most workers per rank the job is given but for a pin: the policies' ceiling, or
-        what it asked for where more (a reader keeps up to that)."""
-        return max(self.ceiling_per_rank, view.requested_workers or 0)
-
     def _log_change(self, view: JobView, verdict: MemoryVerdict | None) -> None:
         """INFO once each time a job's cap starts to decide something or moves while it does
-        (below :meth:`_ceiling`, its workers' cost settled): the reason its workers stop
+        (below ``ceiling_per_rank``, its workers' cost settled): the reason its workers stop
         there. Caps that bind nothing, and holds while the cost still grows, go to DEBUG: on
         a roomy node they moved at every measurement (622, 620, 615 workers ...)."""
         if verdict is None:
             return
-        binding = not verdict.growing and verdict.max_workers_per_rank < self._ceiling(view)
+        binding = not verdict.growing and verdict.max_workers_per_rank < self.ceiling_per_rank
         level = logging.INFO if binding and self._logged.get(view.job_id) != verdict.max_workers_per_rank \
             else logging.DEBUG
         if binding:

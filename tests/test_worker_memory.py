@@ -18,8 +18,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-from controller.policies import JobView, NodeResources
-from controller.policies.base import planned_workers_ceiling
+from controller.policies import JobView
 from controller.worker_memory import WorkerMemory, read_meminfo
 from bench.controller_process import REPO, ControllerProcess, JobProcess, base_environment, wait_until
 
@@ -305,29 +304,6 @@ def test_a_roomy_job_is_judged_from_a_cheap_upper_bound_without_reading_smaps(me
         exact = tight.verdict(view, _pids(group))
         assert exact is not None and not exact.cost.upper_bound and tight.reads > 0
         assert exact.cost.per_worker <= verdict.cost.per_worker
-    finally:
-        proc.kill()
-        proc.wait()
-
-
-def test_roomy_is_judged_against_what_the_policies_plan_or_what_the_job_asked_for(memory_group: Path) -> None:
-    """The ceiling is what a policy plans from cores (4 a rank on 2 cores, the node's cap of 32
-    from 16 on): two 100 MiB workers in 2 GiB are roomy under it, so their cap comes from the
-    bound at once and nothing holds them. A job that asked for 16 workers a rank may be given
-    them (a reader keeps up to its ask): the same room is judged tight for it, exactly."""
-    assert planned_workers_ceiling(NodeResources(cpus=(0, 1))) == 4
-    assert planned_workers_ceiling(NodeResources(cpus=tuple(range(16)))) == 32
-    group = _group(memory_group, limit=2048 * MIB)
-    proc = _forking(group, workers=2, mb=100)
-    try:
-        ceiling = planned_workers_ceiling(NodeResources(cpus=(0, 1)))
-        planned = WorkerMemory(reserve_bytes=0, ceiling_per_rank=ceiling).verdict(
-            JobView(job_id="j", name="forks"), _pids(group))
-        assert planned is not None and planned.cost.upper_bound and not planned.growing
-        assert planned.max_workers_per_rank >= 2 * ceiling
-        asked = WorkerMemory(reserve_bytes=0, ceiling_per_rank=ceiling).verdict(
-            JobView(job_id="j", name="forks", requested_workers=16), _pids(group))
-        assert asked is not None and not asked.cost.upper_bound  # its exact cost: the room may decide its workers
     finally:
         proc.kill()
         proc.wait()

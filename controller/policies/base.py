@@ -180,17 +180,6 @@ def worker_limit(node: NodeResources, job: JobView) -> int:
     return limit
 
 
-READER_WORKERS_PER_CORE = 2.0
-"""Workers a core a reader is planned (adaptive, oracle): the most workers a core any policy plans."""
-
-
-def planned_workers_ceiling(node: NodeResources) -> int:
-    """The most workers per rank a policy plans from cores: a reader's READER_WORKERS_PER_CORE on
-    every core of the node, within its per-rank cap. Only a job's own ``num_workers`` (a reader
-    keeps up to it) and an operator's pin go beyond it."""
-    return workers_for_cores(node.cores, READER_WORKERS_PER_CORE, node.max_workers_per_job)
-
-
 def workers_for_cores(cores: float, workers_per_core: float = 1.0, limit: int = 32) -> int:
     """DESIGN.md: workers follow cores, w = ceil(c·k), at least one, at most ``limit``."""
     return max(1, min(limit, math.ceil(cores * workers_per_core - 1e-9)))
