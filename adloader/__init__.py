@@ -13,10 +13,11 @@ program first names it.
 """
 from __future__ import annotations
 
+import sys
 from types import ModuleType
 from typing import Any
 
-from adloader.autoload.hooks import when_imported
+from adloader.autoload.hooks import initializing, when_imported
 
 __version__ = "0.1.0"
 
@@ -40,6 +41,9 @@ def __getattr__(name: str) -> Any:
 
 
 def _define_dataloader(_torch: ModuleType) -> None:
+    loader_package = sys.modules.get("adloader.dataloader")
+    if loader_package is not None and initializing(loader_package):
+        return  # torch imported on the way in (``from adloader import DataLoader`` first): that import defines it
     __getattr__("DataLoader")
 
 

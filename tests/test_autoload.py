@@ -193,6 +193,19 @@ def test_adloader_dataloader_is_a_class_once_torch_imports_so_lightning_can_rebu
     assert seen["batches"] == [[0.0, 2.0], [4.0, 6.0], [8.0, 10.0], [12.0, 14.0]]
 
 
+def test_naming_adloader_dataloader_before_torch_imports_it_quietly(tmp_path: Path) -> None:
+    """The one-line change in a script that imports torch only through it: torch imports while
+    ``adloader.dataloader`` does, and the post-import hook must leave the class to that import (it
+    printed a circular-import traceback)."""
+    seen = run_python("""
+        import json
+        from adloader import DataLoader
+        print(json.dumps({"batches": [b.tolist() for b in DataLoader(list(range(4)), batch_size=2)]}))
+    """, base_environment(), tmp_path)
+    assert seen["batches"] == [[0, 1], [2, 3]]
+    assert seen["stderr"] == ""
+
+
 def test_outside_a_managed_job_import_adloader_stays_light_and_torch_keeps_its_loader(tmp_path: Path) -> None:
     """``adloader --help`` and the controller import adloader: no torch. Torch imported after it defines
     ``adloader.DataLoader`` at once, and without a job id the start-up file substitutes nothing."""

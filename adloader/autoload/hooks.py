@@ -26,13 +26,14 @@ if TYPE_CHECKING:  # start-up stays cheap: every process of a managed job import
 def when_imported(name: str, callback: Callback) -> None:
     """Call ``callback(module)`` once module ``name`` has finished importing: now if it has."""
     module = sys.modules.get(name)
-    if module is not None and not _initializing(module):
+    if module is not None and not initializing(module):
         _call(name, callback, module)
         return
     _finder().add(name, callback)
 
 
-def _initializing(module: ModuleType) -> bool:
+def initializing(module: ModuleType) -> bool:
+    """The module's import is under way (it is in ``sys.modules``, half run)."""
     return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
 
 
