@@ -3,6 +3,8 @@ dead workers, per-batch seeding, checkpoints, and no process left behind. Real w
 throughout; datasets return their indices so delivery can be checked exactly."""
 from __future__ import annotations
 
+import logging
+import multiprocessing.util
 import os
 import random
 import signal
@@ -20,7 +22,9 @@ import torch
 from torch.utils.data import BatchSampler, Dataset, IterableDataset, RandomSampler, SequentialSampler, get_worker_info
 
 from adloader import DataLoader
+from adloader.dataloader import workers as workers_module
 from adloader.dataloader import BadLoaderState, BadWorkerCount, PoisonBatchError, UnsupportedOption, WorkerDiedWarning
+from adloader.dataloader.errors import LoaderError
 from adloader.dataloader.stats import LoaderCounters, StepTimer
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")
@@ -371,6 +375,61 @@ def test_the_spawner_helper_dying_is_survived() -> None:
         warnings.simplefilter("ignore", WorkerDiedWarning)
         seen += flat(it)
     assert seen == list(range(60))
+
+
+class HangingHelpers:
+    """Makes worker-spawning helpers hang at their start, as one forked while another thread held an
+    interpreter lock does (CPython gh-112275): multiprocessing runs this after-fork function in each
+    process it forks (the helpers; their workers are forked with os.fork and do not run it). The first
+    ``hangs`` helpers to start sleep for an hour instead of saying Hello."""
+
+    def __init__(self, folder: Path, hangs: int) -> None:
+        self.markers = [folder / f"hung-{k}" for k in range(hangs)]
+        multiprocessing.util.register_after_fork(self, HangingHelpers.after_fork)
+
+    def after_fork(self) -> None:
+        for marker in self.markers:
+            try:
+                os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                continue
+            time.sleep(3600)
+
+
+def test_a_helper_hung_in_its_fork_is_killed_and_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(workers_module, "HELPER_HELLO_S", 1.0)
+    hanging = HangingHelpers(tmp_path, hangs=1)
+    try:
+        loader = DataLoader(Indices(40), batch_size=2, num_workers=2)
+        it = iter(loader)
+        hung = it.source.spawner_pid()
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="adloader.dataloader.workers"), \
+                warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("always")
+            seen = flat(it)
+        assert seen == list(range(40))
+        assert not [w for w in warned if issubclass(w.category, WorkerDiedWarning)]  # no worker had started
+        assert time.monotonic() - started >= 1.0 and "hung at its start" in caplog.text and str(hung) in caplog.text
+        assert alive([hung]) == []
+    finally:
+        del hanging
+
+
+def test_helpers_that_keep_hanging_fail_the_epoch_with_what_to_do(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(workers_module, "HELPER_HELLO_S", 0.5)
+    monkeypatch.setattr(workers_module, "HUNG_HELPERS", 1)
+    hanging = HangingHelpers(tmp_path, hangs=2)
+    try:
+        loader = DataLoader(Indices(40), batch_size=2, num_workers=2)
+        before = {p.pid for p in psutil.Process().children()}
+        with pytest.raises(LoaderError, match="hung at its start 2 times.*Python 3.12"):
+            list(loader)
+        assert alive([p.pid for p in psutil.Process().children() if p.pid not in before]) == []  # both killed
+    finally:
+        del hanging
 
 
 def test_no_process_outlives_its_epoch_or_close() -> None:

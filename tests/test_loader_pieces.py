@@ -139,9 +139,18 @@ def test_workers_dying_before_ready_fail_the_pool_after_three_in_a_row() -> None
     workers, ends = worker_set(errors), []
     for i in range(3):
         slot = add_slot(workers, i, 3, STARTING, ends)
+        slot.pid = 1000 + i  # forked (its helper said Spawned), then died
         assert recover(None, slot, workers.forget(slot, "exited with code 1", None), "exited with code 1",
                        streaming=False).endswith("starting a replacement")
     assert len(errors) == 1 and "3 loader workers in a row died before they were ready" in str(errors[0])
+
+
+def test_workers_a_dead_helper_never_forked_are_not_counted_as_dying_before_ready() -> None:
+    errors: list[BaseException] = []
+    workers, ends = worker_set(errors), []
+    for i in range(3):
+        workers.forget(add_slot(workers, i, 3, STARTING, ends), "exited (status unknown: its helper process died)", None)
+    assert errors == []  # the helper's deaths are counted apart (SPAWNER_RESTARTS)
 
 
 def test_a_streaming_worker_dying_ends_the_iterable_epoch() -> None:

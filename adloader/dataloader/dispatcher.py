@@ -101,7 +101,7 @@ class Pool:
         self._latencies = ResizeLatencies(latencies, clock)
         self._workers = WorkerSet(
             spec=spec, context=context, base_seed=base_seed, proc_root=proc_root,
-            latencies=self._latencies, fail=self._fail,
+            latencies=self._latencies, fail=self._fail, clock=clock,
         )
         self._scheduler = Scheduler(self._workers, prefetch_factor, notify=self._cond.notify_all)
         self._receiver = Receiver(pin=pin, close=self._workers.close_conn, latencies=self._latencies)
@@ -264,6 +264,8 @@ class Pool:
                 with self._cond:
                     if self._closing:
                         return
+                    if self._workers.spawner_hung():
+                        self._restart_hung_spawner()
                     self._reconcile_or_fail()
                     self._scheduler.dispatch(self._epoch, self._target)
                     waitables = [self._wake_r, *self._workers.waitables()]
@@ -350,6 +352,20 @@ class Pool:
         warning = recover(self._epoch, slot, lost, how, streaming=self._scheduler.is_stream(slot))
         if warning is not None:
             self._warnings.append(warning)
+        self._cond.notify_all()
+
+    def _restart_hung_spawner(self) -> None:
+        """The helper hung inside its fork (see workers.HELPER_HELLO_S): its workers never started, so the
+        batches sent to them go back to the epoch, unblamed, and the next reconcile forks a new helper. An
+        iterable epoch's streams are fixed at its start: that epoch ends with an error instead of a hang."""
+        how = "never started (its worker-spawning helper hung inside the fork)"
+        for slot in self._workers.restart_hung_spawner():
+            lost = self._workers.forget(slot, how, self._epoch)
+            if self._scheduler.is_stream(slot):
+                recover(self._epoch, slot, lost, how, streaming=True)
+            else:
+                for batch in lost:
+                    self._epoch.requeue(batch)
         self._cond.notify_all()
 
     def _fail(self, error: BaseException) -> None:

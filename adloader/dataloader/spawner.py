@@ -77,6 +77,8 @@ class WorkerSpawner:
         finally:
             theirs.close()
         _control_ends.add(ours.fileno())
+        self.forked = forked
+        """Forked from the training process: it may hang inside the fork (see workers.HELPER_HELLO_S)."""
         self._next_token = 0
         self.started = False  # True once the helper said HELLO: it got past its own start-up
 
@@ -104,6 +106,10 @@ class WorkerSpawner:
             theirs.close()
         return token, Connection(ours.detach())
 
+    def has_news(self) -> bool:
+        """Something the helper sent waits to be read (its Hello, for one)."""
+        return bool(select.select([self._sock], [], [], 0)[0])
+
     def read_news(self) -> list[HelperNews]:
         """Everything the helper has sent so far, without blocking. EOF (helper gone) gives []."""
         news: list[HelperNews] = []
@@ -121,6 +127,11 @@ class WorkerSpawner:
                 self.started = True
             else:
                 news.append(message)
+
+    def kill(self) -> None:
+        """Kill the helper now (it hung) and close our end; its workers die with it."""
+        self.process.kill()
+        self.close(timeout=5.0)
 
     def close(self, timeout: float = 3.0) -> None:
         """Close the control socket; the helper stops its workers and exits. Kill it if it does not."""

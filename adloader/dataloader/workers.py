@@ -10,6 +10,7 @@ lock around every call.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.context import BaseContext
@@ -28,6 +29,16 @@ log = logging.getLogger(__name__)
 STARTING, WORKING, RETIRING, STOPPING = "starting", "ready", "retiring", "stopping"
 START_FAILURES = 3  # this many workers in a row dying before Ready: stop trying
 SPAWNER_RESTARTS = 3  # helper process deaths tolerated per pool
+HELPER_HELLO_S = 5.0
+"""How long a helper forked from the training process may take to say Hello before it is taken for
+hung, killed and started again (the wait doubles at each hang). CPython up to 3.11 can deadlock a
+child forked while another thread takes the interpreter's thread-state lock without the GIL
+(CPython gh-112275): a C++ thread that enters Python for the first time does, and gloo's threads
+do at every all-reduce of a DDP job. The child then hangs inside ``os.fork()`` before it runs any
+Python, for good. Seen here: a Lightning DDP rank stalled for good at an epoch's start about once
+in ten runs. A helper started fresh (spawn, forkserver) imports torch first, may take seconds,
+and cannot hang so: it is never judged."""
+HUNG_HELPERS = 3  # helpers hung at start tolerated per pool (each waited for twice as long)
 
 
 class InFlight(NamedTuple):
@@ -77,6 +88,7 @@ class WorkerSet:
         proc_root: str,
         latencies: ResizeLatencies,
         fail: Callable[[BaseException], None],
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.slots: dict[int, Slot] = {}
         self.spawner: WorkerSpawner | None = None
@@ -87,8 +99,11 @@ class WorkerSet:
         self._proc_root = proc_root
         self._latencies = latencies
         self._fail = fail
+        self._clock = clock
         self._spawner_restarts = 0
         self._start_failures = 0
+        self._spawner_born = 0.0
+        self._hung_helpers = 0
         self._handoff = context.get_start_method() != "fork"  # each worker gets its own pickle (handoff.py)
 
     # ------------------------------------------------------------ looking
@@ -172,6 +187,7 @@ class WorkerSet:
     def start_spawner(self) -> bool:
         try:
             self.spawner = WorkerSpawner(self._context, self._spec, self._proc_root)
+            self._spawner_born = self._clock()
         except Exception as exc:  # noqa: BLE001 - e.g. the dataset cannot be pickled for spawn
             self._fail(LoaderError(
                 f"could not start the loader's worker-spawning helper process: {exc!r}. With "
@@ -180,6 +196,34 @@ class WorkerSet:
             ))
             return False
         return True
+
+    def spawner_hung(self) -> bool:
+        """The helper was forked from the training process longer ago than the Hello wait (see
+        HELPER_HELLO_S) and has said nothing: it is stuck inside the fork and never will."""
+        spawner = self.spawner
+        wait = HELPER_HELLO_S * 2 ** self._hung_helpers
+        return (spawner is not None and spawner.forked and not spawner.started and not spawner.has_news()
+                and self._clock() - self._spawner_born > wait)
+
+    def restart_hung_spawner(self) -> list[Slot]:
+        """Kill the hung helper and forget it; its workers, never forked, are returned for the caller to
+        forget. A new helper is forked when workers are next asked for; too many hangs fail the pool."""
+        spawner = self.spawner
+        assert spawner is not None
+        self._hung_helpers += 1
+        log.warning(
+            "adloader: the loader's worker-spawning helper (pid %s) hung at its start (a fork of a multi-threaded "
+            "process: CPython gh-112275, fixed in 3.12); killed it, forking another", spawner.pid,
+        )
+        spawner.kill()
+        slots = self.spawner_gone()
+        if self._hung_helpers > HUNG_HELPERS:
+            self._fail(LoaderError(
+                f"the loader's worker-spawning helper hung at its start {self._hung_helpers} times; a "
+                "thread of this process keeps holding an interpreter lock at fork time. Use Python 3.12 or later, "
+                "or multiprocessing_context='forkserver'"
+            ))
+        return slots
 
     def stop(self, slot: Slot) -> None:
         slot.state = STOPPING
@@ -218,7 +262,7 @@ class WorkerSet:
         self._latencies.forget(slot.token)
         lost = [sent.batch for sent in slot.outstanding if slot.is_current(sent, epoch)]
         slot.outstanding.clear()
-        if slot.state == STARTING:
+        if slot.state == STARTING and slot.pid is not None:  # forked, then died: not a helper that died first
             self._start_failures += 1
             if self._start_failures >= START_FAILURES:
                 self._fail(WorkersCannotStart(
