@@ -355,17 +355,14 @@ class Pool:
         self._cond.notify_all()
 
     def _restart_hung_spawner(self) -> None:
-        """The helper hung inside its fork (see workers.HELPER_HELLO_S): its workers never started, so the
-        batches sent to them go back to the epoch, unblamed, and the next reconcile forks a new helper. An
-        iterable epoch's streams are fixed at its start: that epoch ends with an error instead of a hang."""
+        """The helper hung inside its fork (see workers.HELPER_HELLO_S): its workers never started, so
+        ``recover`` sends their batches back to the epoch unblamed (no worker was ever ready), with no
+        warning for the training loop, and the next reconcile forks a new helper. An iterable epoch's
+        streams are fixed at its start: that epoch ends with an error instead of a hang."""
         how = "never started (its worker-spawning helper hung inside the fork)"
         for slot in self._workers.restart_hung_spawner():
             lost = self._workers.forget(slot, how, self._epoch)
-            if self._scheduler.is_stream(slot):
-                recover(self._epoch, slot, lost, how, streaming=True)
-            else:
-                for batch in lost:
-                    self._epoch.requeue(batch)
+            recover(self._epoch, slot, lost, how, streaming=self._scheduler.is_stream(slot))
         self._cond.notify_all()
 
     def _fail(self, error: BaseException) -> None:

@@ -77,8 +77,6 @@ class WorkerSpawner:
         finally:
             theirs.close()
         _control_ends.add(ours.fileno())
-        self.forked = forked
-        """Forked from the training process: it may hang inside the fork (see workers.HELPER_HELLO_S)."""
         self._next_token = 0
         self.started = False  # True once the helper said HELLO: it got past its own start-up
 

@@ -202,8 +202,8 @@ class WorkerSet:
         HELPER_HELLO_S) and has said nothing: it is stuck inside the fork and never will."""
         spawner = self.spawner
         wait = HELPER_HELLO_S * 2 ** self._hung_helpers
-        return (spawner is not None and spawner.forked and not spawner.started and not spawner.has_news()
-                and self._clock() - self._spawner_born > wait)
+        return (spawner is not None and not self._handoff and not spawner.started  # no handoff: forked
+                and self._clock() - self._spawner_born > wait and not spawner.has_news())
 
     def restart_hung_spawner(self) -> list[Slot]:
         """Kill the hung helper and forget it; its workers, never forked, are returned for the caller to
