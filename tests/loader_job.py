@@ -103,6 +103,7 @@ def main() -> int:
     (args.out / f"rank{rank}.json").write_text(json.dumps(result))
     loader.close()
     if args.distributed:
+        torch.distributed.barrier()  # gloo can abort a rank that tears down while its peer still talks to it
         torch.distributed.destroy_process_group()
     return 0
 
