@@ -55,7 +55,8 @@ from dataclasses import replace
 from typing import Callable, Mapping, Sequence
 
 from controller.policies import lp
-from controller.policies.base import Allocation, JobAllocation, JobView, NodeResources, core_limit
+from controller.policies.base import READER_WORKERS_PER_CORE, Allocation, JobAllocation, JobView, NodeResources, \
+    core_limit
 from controller.policies.completion import weighted_completion_s
 from controller.policies.outgrown import followed, outgrowth
 from controller.policies.ranks import at_node_rate, ranks_behind, run_lengths, unknown_as_longest
@@ -112,7 +113,7 @@ class AdaptivePolicy:
         self,
         gain_threshold: float = 0.1,
         workers_per_core: float = 1.0,
-        reader_workers_per_core: float = 2.0,
+        reader_workers_per_core: float = READER_WORKERS_PER_CORE,
         min_change_interval_s: float = 60.0,
         settle_s: float = 10.0,
         urgent_gain: float = 0.3,

@@ -180,6 +180,10 @@ def worker_limit(node: NodeResources, job: JobView) -> int:
     return limit
 
 
+READER_WORKERS_PER_CORE = 2.0
+"""Workers a core a reader is planned by adaptive and oracle (the bound it is measured against)."""
+
+
 def workers_for_cores(cores: float, workers_per_core: float = 1.0, limit: int = 32) -> int:
     """DESIGN.md: workers follow cores, w = ceil(c·k), at least one, at most ``limit``."""
     return max(1, min(limit, math.ceil(cores * workers_per_core - 1e-9)))

@@ -36,7 +36,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from controller.policies.base import Allocation, JobView, NodeResources, PolicyError
+from controller.policies.base import READER_WORKERS_PER_CORE, Allocation, JobView, NodeResources, PolicyError
 from controller.policies.shares import (
     SATISFIED,
     JobModel,
@@ -92,7 +92,7 @@ class OraclePolicy:
         later: LaterPhases | None = None,
         steps: int = 40,
         workers_per_core: float = 1.0,
-        reader_workers_per_core: float = 2.0,
+        reader_workers_per_core: float = READER_WORKERS_PER_CORE,
     ) -> None:
         """``curves``: true model per job name; None reads the file named by
         ``ADLOADER_ORACLE_CURVES`` (and ``later`` with it). ``later``: the true models of
