@@ -5,6 +5,10 @@ a predictor ``(features, gpus) -> (M, low, high)``, a hook for finished jobs and
 lookup of a recurring job's length. This module builds those three from the job
 history in the state directory (``history.sqlite``) and the throughput model, and
 imports the model (and torch) only when a job first sends features.
+
+The model is fitted on the zoo corpus shipped with adloader, profiled on one CPU. A node whose
+CPU is another model predicts less well from it; ``adloader model profile --out
+<state-dir>/corpus.json`` profiles this node's own, which the model is then fitted on.
 """
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 HISTORY_FILE = "history.sqlite"
+CORPUS_FILE = "corpus.json"
+"""This node's own zoo corpus (``adloader model profile --out <state-dir>/corpus.json``), if profiled."""
 
 
 def detect_device(proc: Path = Path("/proc")) -> str:
@@ -46,6 +52,7 @@ class NodeMemory:
     def __init__(self, state_dir: Path, device: str) -> None:
         self.device = device
         self.path = Path(state_dir) / HISTORY_FILE
+        self.corpus = Path(state_dir) / CORPUS_FILE
         self._history: JobHistory | None = None
         self._opened = False
         self._predictor: Callable[[dict[str, float], int], tuple[float, float, float] | None] | None = None
@@ -81,13 +88,40 @@ class NodeMemory:
     def _load_predictor(self) -> None:
         from controller.prediction import ThroughputPredictor  # imports torch: only once a job sends features
 
-        predictor = ThroughputPredictor(device=self.device, history=self.history)
+        predictor = ThroughputPredictor(device=self.device, history=self.history, corpus=self._corpus())
         try:
             predictor({"batch_size": 1.0}, 1)  # load the corpus fit and the device numbers now
         except Exception:  # noqa: BLE001 - a warm-up failure shows again, logged, on the real call
             log.debug("throughput predictor warm-up failed", exc_info=True)
         self._predictor = predictor
         log.info("throughput predictor ready for device %s", self.device)
+
+    def _corpus(self) -> Path | None:
+        """This node's corpus when it has a readable one, else None (the shipped corpus); says once
+        which corpus the CPU model is fitted on, and how to profile this node where that helps."""
+        from throughput_model.devices import cpu_model_name
+        from throughput_model.errors import CorpusError
+        from throughput_model.fit import load_corpus, load_fitted
+
+        if self.device.split(":")[0].lower() != "cpu":
+            return None  # a GPU is predicted by the physical prior and the node's history, never a CPU fit
+        profile = f"adloader model profile --out {self.corpus}"
+        if self.corpus.exists():
+            try:
+                load_fitted(self.corpus)
+            except CorpusError as exc:
+                log.warning("%s; predicting from the shipped corpus until it is profiled again (%s)", exc, profile)
+            else:
+                log.info("throughput model fitted on this node's corpus %s (profiled on %s)", self.corpus,
+                         load_corpus(self.corpus).get("cpu_model", "an unnamed CPU"))
+                return self.corpus
+        host, profiled_on = cpu_model_name(), load_corpus().get("cpu_model")
+        if host != profiled_on:
+            log.warning("the throughput model's shipped corpus was profiled on another CPU (%s), not this host's "
+                        "(%s): its prediction intervals are too narrow here until this node's history corrects them "
+                        "(3 finished jobs); to fit the model on this CPU, profile it once while it is idle "
+                        "(10-20 min): %s", profiled_on, host, profile)
+        return None
 
     def record(
         self, snapshot: JobSnapshot, features: dict[str, float] | None, loading_curve: tuple[tuple[float, float], ...],

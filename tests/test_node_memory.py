@@ -16,7 +16,9 @@ import torch
 
 from adloader import describe_model
 from controller.history import JobHistory
-from controller.node_memory import HISTORY_FILE, NodeMemory, detect_device
+from controller.node_memory import CORPUS_FILE, HISTORY_FILE, NodeMemory, detect_device
+from throughput_model.devices import cpu_model_name
+from throughput_model.fit import load_corpus
 from bench.controller_process import ControllerProcess, wait_until
 
 REPORTING_JOB = str(Path(__file__).with_name("reporting_job.py"))
@@ -109,3 +111,37 @@ def test_device_detection_reads_the_nvidia_driver_model_name(tmp_path: Path) -> 
     info.parent.mkdir(parents=True)
     info.write_text("Model: \t\t NVIDIA H100 80GB HBM3\nIRQ:  \t\t 1\n")
     assert detect_device(tmp_path) == "NVIDIA H100 80GB HBM3"
+
+
+def _prediction(memory: NodeMemory, features: dict[str, float]) -> tuple[float, float, float]:
+    """The node's answer once its predictor has loaded (the first calls answer None meanwhile)."""
+    return wait_until(lambda: memory.predict(features, 1), 60.0, "the predictor to load")
+
+
+def test_a_node_profiled_on_its_own_cpu_predicts_from_its_own_corpus(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """``adloader model profile --out <state-dir>/corpus.json`` makes the node fit the model on its
+    own CPU's measurements. Stood in for by the shipped corpus with every step measured twice as
+    slow: the node's predicted M halves; an unreadable one is said and the shipped one used."""
+    _, features = _features_file(tmp_path)
+    shipped_dir, own_dir, broken_dir = (tmp_path / name for name in ("shipped", "own", "broken"))
+    for directory in (shipped_dir, own_dir, broken_dir):
+        directory.mkdir()
+    corpus = load_corpus()
+    for point in corpus["points"]:
+        point["step_s"] *= 2.0
+    (own_dir / CORPUS_FILE).write_text(json.dumps({**corpus, "cpu_model": "this node's CPU"}))
+    (broken_dir / CORPUS_FILE).write_text("{not json")
+
+    with caplog.at_level("INFO", logger="controller.node_memory"):
+        shipped = _prediction(NodeMemory(shipped_dir, "cpu"), features)
+        own = _prediction(NodeMemory(own_dir, "cpu"), features)
+        broken = _prediction(NodeMemory(broken_dir, "cpu"), features)
+    assert own[0] == pytest.approx(shipped[0] / 2.0, rel=1e-6)
+    assert broken == pytest.approx(shipped)
+    assert f"fitted on this node's corpus {own_dir / CORPUS_FILE} (profiled on this node's CPU)" in caplog.text
+    assert f"predicting from the shipped corpus until it is profiled again (adloader model profile --out " \
+           f"{broken_dir / CORPUS_FILE})" in caplog.text
+    foreign = "the throughput model's shipped corpus was profiled on another CPU"
+    # said, with the command that fixes it, by the nodes predicting from the shipped corpus of another CPU
+    assert caplog.text.count(foreign) == (2 if cpu_model_name() != load_corpus()["cpu_model"] else 0)

@@ -41,11 +41,16 @@ def test_shrinking_caps_every_named_size_of_a_default_config() -> None:
 @pytest.mark.slow
 def test_a_dry_run_on_two_architectures_measures_and_predicts(tmp_path: Path) -> None:
     out = tmp_path / "public_eval.json"
+    corpus = tmp_path / "host-corpus.json"  # as 'adloader model profile' would write it on this host
+    shipped = json.loads((REPO / "throughput_model" / "data" / "corpus.json").read_text())
+    corpus.write_text(json.dumps({**shipped, "cpu_model": "a host of its own"}))
     done = subprocess.run([sys.executable, "-m", "throughput_model.public_eval", "--out", str(out),
-                           "--families", "vision,decoder", "--per-family", "1", "--steps", "2", "--warmup", "1"],
+                           "--families", "vision,decoder", "--per-family", "1", "--steps", "2", "--warmup", "1",
+                           "--corpus", str(corpus)],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     document = json.loads(out.read_text())
+    assert document["corpus"]["path"] == str(corpus) and "a host of its own" in document["corpus"]["cpu_model"]
     rows = document["architectures"]
     assert [r["family"] for r in rows] == ["vision", "decoder"]
     order = [c.model_type for c in public_eval.candidates(("vision", "decoder"))]
@@ -56,3 +61,12 @@ def test_a_dry_run_on_two_architectures_measures_and_predicts(tmp_path: Path) ->
         assert row["step_s"] > 0 and row["predicted_step_s"] > 0 and len(row["step_samples_s"]) == 2
     assert len(document["calibrations"]) == 3  # before, between and after: drift cancels
     assert document["summary"]["n"] == 2 and "| **all** | 2 |" in done.stdout
+
+
+def test_an_unreadable_corpus_is_one_plain_line(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "throughput_model.public_eval", "--out", str(tmp_path / "o.json"),
+                           "--corpus", str(tmp_path / "missing.json")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "missing.json" in done.stderr and "adloader model profile" in done.stderr
+    assert not (tmp_path / "o.json").exists()

@@ -91,7 +91,8 @@ def _profile(args: argparse.Namespace) -> int:
     corpus = profile.profile(points, steps, args.threads, progress)
     profile.save(corpus, args.out)
     print(f"wrote {len(corpus['points'])} points to {args.out} in {corpus['wall_s']:.0f} s; "
-          f"fit on it with: adloader model evaluate --corpus {args.out}")
+          f"fit on it with: adloader model evaluate --corpus {args.out}; a controller predicts from it "
+          f"when it is <state-dir>/corpus.json (restart the controller)")
     return 0
 
 

@@ -71,6 +71,7 @@ MIN_POINTS = 3
 """A class is fitted when at least this many corpus points spend ``MIN_SHARE`` of their step in it."""
 MIN_SHARE = 0.01
 INTERVAL_QUANTILES = (0.05, 0.95)
+MAKE_CORPUS = "make one with 'adloader model profile --out FILE'"
 
 
 def load_corpus(path: Path | None = None) -> dict:
@@ -83,8 +84,7 @@ def load_corpus(path: Path | None = None) -> dict:
         corpus = json.loads(text)
     except (OSError, ValueError) as exc:
         where = path or "the shipped throughput_model/data/corpus.json"
-        raise CorpusError(f"cannot read the corpus {where}: {exc}; "
-                          "make one with 'adloader model profile --out FILE'") from None
+        raise CorpusError(f"cannot read the corpus {where}: {exc}; {MAKE_CORPUS}") from None
     if not isinstance(corpus, dict) or not corpus.get("points"):
         raise CorpusError(f"corpus {path or 'shipped'} has no points; re-run 'adloader model profile'")
     return corpus
@@ -295,5 +295,5 @@ def load_fitted(path: Path | None = None) -> FittedModel:
     try:
         mtime = Path(path).stat().st_mtime
     except OSError as exc:
-        raise CorpusError(f"cannot read the corpus {path}: {exc}") from None
+        raise CorpusError(f"cannot read the corpus {path}: {exc}; {MAKE_CORPUS}") from None
     return _fitted_cached(str(path), mtime)

@@ -224,8 +224,9 @@ def measure(model: Any, batch: dict[str, Any], steps: int, warmup: int) -> dict[
 
 def run(per_family: int = PER_FAMILY, families: tuple[str, ...] | None = None, max_total: int | None = None,
         steps: int = STEPS, warmup: int = WARMUP, threads: int = 1,
-        calibrate: Callable[[int], dict[str, float]] | None = None) -> dict[str, Any]:
-    """Select (by the rule), measure and predict; the JSON document."""
+        calibrate: Callable[[int], dict[str, float]] | None = None, corpus: Path | None = None) -> dict[str, Any]:
+    """Select (by the rule), measure and predict with the model fitted on ``corpus`` (a zoo corpus:
+    the shipped one, or one profiled on this host by ``adloader model profile``); the JSON document."""
     import torch
 
     from throughput_model.devices import cpu_device, cpu_model_name, measure_cpu_numbers
@@ -233,7 +234,7 @@ def run(per_family: int = PER_FAMILY, families: tuple[str, ...] | None = None, m
     from throughput_model.fit import load_fitted
 
     calibrate = calibrate or measure_cpu_numbers
-    fitted = load_fitted()  # the shipped zoo corpus only
+    fitted = load_fitted(corpus)  # a zoo corpus only
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     started = time.time()
@@ -282,6 +283,7 @@ def run(per_family: int = PER_FAMILY, families: tuple[str, ...] | None = None, m
                  "caps": {k: [sorted(v[0]), v[1]] for k, v in CAPS.items()}, "image_size": IMAGE_SIZE,
                  "batch": BATCH, "sequence": SEQUENCE, "audio_samples": AUDIO_SAMPLES},
         "transformers": transformers.__version__, "torch": torch.__version__, "threads": threads,
+        "corpus": {"path": str(corpus) if corpus else "shipped", "cpu_model": fitted.device.source},
         "steps": steps, "warmup": warmup, "cpu_model": cpu_model_name(),
         "corpus_device_numbers": dict(zip(("peak_flops", "memory_bandwidth", "op_overhead_s"),
                                           (fitted.device.peak_flops, fitted.device.memory_bandwidth,
@@ -354,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=STEPS, help="timed steps per architecture")
     parser.add_argument("--warmup", type=int, default=WARMUP, help="untimed steps first")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (the corpus was profiled at 1)")
+    parser.add_argument("--corpus", type=Path, help="zoo corpus to fit on (default: the shipped one; "
+                                                    "'adloader model profile' makes one for this host)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     families = tuple(args.families.split(",")) if args.families else None
@@ -362,8 +366,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown family in --families: {sorted(set(families) - known)}; known: {sorted(known)}", file=sys.stderr)
         return 2
     try:
-        document = run(args.per_family, families, args.max_architectures, args.steps, args.warmup, args.threads)
-    except PublicEvalError as exc:
+        document = run(args.per_family, families, args.max_architectures, args.steps, args.warmup, args.threads,
+                       corpus=args.corpus)
+    except ThroughputModelError as exc:  # no transformers, nothing buildable, an unreadable --corpus
         print(str(exc), file=sys.stderr)
         return 1
     args.out.parent.mkdir(parents=True, exist_ok=True)
