@@ -22,7 +22,7 @@ from controller.backends.base import BackendError
 from controller.backends.blockdev import read_device_of
 from controller.backends.detect import v1_problem, v2_problem
 from controller.backends.placement import UNIFIED, cgroups_of, detect_scheduler, parent_below
-from controller.node_memory import detect_device
+from controller.node_memory import choose_corpus, detect_device
 from controller.worker_memory import default_reserve, read_meminfo
 
 OK, WARN, FAIL = "ok", "warn", "fail"
@@ -239,6 +239,12 @@ def check_torch(roots: NodeRoots, python: str, timeout_s: float = 120.0) -> Find
                    "on CPU", "for trying adloader, GPU-emulated: adloader demo; for training, a GPU node")
 
 
+def check_throughput_model(roots: NodeRoots, state_dir: Path) -> Finding:
+    """The corpus the controller fits its CPU throughput model on (controller/node_memory.py decides)."""
+    choice = choose_corpus(state_dir, detect_device(roots.proc), roots.proc / "cpuinfo")
+    return Finding("throughput model", WARN if choice.warn else OK, choice.says, choice.fix)
+
+
 def _words(path: Path) -> set[str]:
     try:
         return set(path.read_text().split())
@@ -278,4 +284,5 @@ def run_checks(roots: NodeRoots, group: str, state_dir: Path, sockets: Sequence[
     """Every check, in the order an operator fixes them."""
     controller, node = check_controller(sockets)
     return [check_cgroups(roots, group), check_write_access(roots, state_dir), check_scheduler(roots), controller,
-            check_read_device(roots, data, node), check_memory_reserve(roots, reserve), check_torch(roots, python)]
+            check_read_device(roots, data, node), check_memory_reserve(roots, reserve), check_torch(roots, python),
+            check_throughput_model(roots, state_dir)]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -30,6 +31,44 @@ log = logging.getLogger(__name__)
 HISTORY_FILE = "history.sqlite"
 CORPUS_FILE = "corpus.json"
 """This node's own zoo corpus (``adloader model profile --out <state-dir>/corpus.json``), if profiled."""
+
+
+@dataclass(frozen=True)
+class CorpusChoice:
+    """Which zoo corpus this node's CPU model is fitted on, in words, and what would make it better."""
+
+    path: Path | None
+    """``<state-dir>/corpus.json``, or None for the shipped corpus."""
+    warn: bool
+    says: str
+    fix: str = ""
+
+
+def choose_corpus(state_dir: Path, device: str, cpuinfo: Path = Path("/proc/cpuinfo")) -> CorpusChoice:
+    """The node's own corpus when it has a readable one, else the shipped one, with a warning where the
+    shipped one was profiled on another CPU. A GPU node is predicted by the GPU prior and its history."""
+    from throughput_model.corpus import cpu_model_name, load_corpus
+    from throughput_model.errors import CorpusError
+
+    if device.split(":")[0].lower() != "cpu":
+        return CorpusChoice(None, False, f"{device}: predicted by the GPU prior, corrected by this node's history")
+    own = Path(state_dir) / CORPUS_FILE
+    profile = f"profile this CPU once while it is idle (10-20 min): adloader model profile --out {own}"
+    if own.exists():
+        try:
+            profiled_on = load_corpus(own).get("cpu_model", "an unnamed CPU")
+        except CorpusError as exc:
+            return CorpusChoice(None, True, f"{exc}; predicting from the shipped corpus", profile)
+        return CorpusChoice(own, False, f"the throughput model is fitted on this node's corpus {own} "
+                                        f"(profiled on {profiled_on})")
+    host, profiled_on = cpu_model_name(cpuinfo), load_corpus().get("cpu_model")
+    if host != profiled_on:
+        return CorpusChoice(None, True, f"the throughput model's shipped corpus was profiled on another CPU "
+                                        f"({profiled_on}), not this host's ({host}): its prediction intervals are "
+                                        "too narrow here until this node's history corrects them (3 finished jobs)",
+                            profile)
+    return CorpusChoice(None, False, f"the throughput model is fitted on the shipped corpus, profiled on this CPU "
+                                     f"({host})")
 
 
 def detect_device(proc: Path = Path("/proc")) -> str:
@@ -51,8 +90,8 @@ class NodeMemory:
 
     def __init__(self, state_dir: Path, device: str) -> None:
         self.device = device
-        self.path = Path(state_dir) / HISTORY_FILE
-        self.corpus = Path(state_dir) / CORPUS_FILE
+        self.state_dir = Path(state_dir)
+        self.path = self.state_dir / HISTORY_FILE
         self._history: JobHistory | None = None
         self._opened = False
         self._predictor: Callable[[dict[str, float], int], tuple[float, float, float] | None] | None = None
@@ -97,31 +136,13 @@ class NodeMemory:
         log.info("throughput predictor ready for device %s", self.device)
 
     def _corpus(self) -> Path | None:
-        """This node's corpus when it has a readable one, else None (the shipped corpus); says once
-        which corpus the CPU model is fitted on, and how to profile this node where that helps."""
-        from throughput_model.devices import cpu_model_name
-        from throughput_model.errors import CorpusError
-        from throughput_model.fit import load_corpus, load_fitted
-
-        if self.device.split(":")[0].lower() != "cpu":
-            return None  # a GPU is predicted by the physical prior and the node's history, never a CPU fit
-        profile = f"adloader model profile --out {self.corpus}"
-        if self.corpus.exists():
-            try:
-                load_fitted(self.corpus)
-            except CorpusError as exc:
-                log.warning("%s; predicting from the shipped corpus until it is profiled again (%s)", exc, profile)
-            else:
-                log.info("throughput model fitted on this node's corpus %s (profiled on %s)", self.corpus,
-                         load_corpus(self.corpus).get("cpu_model", "an unnamed CPU"))
-                return self.corpus
-        host, profiled_on = cpu_model_name(), load_corpus().get("cpu_model")
-        if host != profiled_on:
-            log.warning("the throughput model's shipped corpus was profiled on another CPU (%s), not this host's "
-                        "(%s): its prediction intervals are too narrow here until this node's history corrects them "
-                        "(3 finished jobs); to fit the model on this CPU, profile it once while it is idle "
-                        "(10-20 min): %s", profiled_on, host, profile)
-        return None
+        """This node's corpus, or None (the shipped one); says once which, and what to do where it helps."""
+        choice = choose_corpus(self.state_dir, self.device)
+        if choice.warn:
+            log.warning("%s: %s", choice.says, choice.fix)
+        else:
+            log.info("%s", choice.says)
+        return choice.path
 
     def record(
         self, snapshot: JobSnapshot, features: dict[str, float] | None, loading_curve: tuple[tuple[float, float], ...],

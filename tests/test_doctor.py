@@ -13,8 +13,10 @@ import pytest
 from bench.controller_process import REPO, ControllerProcess, base_environment
 from controller.doctor import (
     FAIL, OK, WARN, Finding, NodeRoots, check_cgroups, check_controller, check_memory_reserve, check_read_device,
-    check_scheduler, check_torch, check_write_access, exit_status,
+    check_scheduler, check_throughput_model, check_torch, check_write_access, exit_status,
 )
+from controller.node_memory import CORPUS_FILE
+from throughput_model.corpus import load_corpus
 from controller.doctor_cli import render
 from fixtures.cgroup2_tree import make_group
 from fixtures.managed import CGROUP_V1_USABLE, NO_CGROUP_V1
@@ -152,6 +154,37 @@ def test_a_python_without_torch_fails_with_how_to_install_it(tmp_path: Path) -> 
     assert finding.level == FAIL and "No module named 'torch'" in finding.says and "install.sh" in finding.fix
 
 
+def test_the_throughput_model_corpus_is_judged_against_this_cpu_and_the_nodes_own(tmp_path: Path) -> None:
+    """A CPU node whose CPU is not the shipped corpus's is told how to profile its own; one that has
+    profiled is fitted on it; a GPU node needs neither (the controller decides the same way)."""
+    shipped_cpu = load_corpus()["cpu_model"]
+    state = tmp_path / "state"
+    state.mkdir()
+
+    def node(cpu: str, gpu: str = "") -> NodeRoots:
+        proc = _proc(tmp_path / cpu.replace(" ", "-") / gpu.replace(" ", "-"), {})
+        (proc / "cpuinfo").write_text(f"processor\t: 0\nmodel name\t: {cpu}\n")
+        if gpu:
+            info = proc / "driver" / "nvidia" / "gpus" / "0000:17:00.0" / "information"
+            info.parent.mkdir(parents=True)
+            info.write_text(f"Model: \t\t {gpu}\n")
+        return NodeRoots(proc=proc)
+
+    other = check_throughput_model(node("Another CPU 9000"), state)
+    assert other.level == WARN and f"profiled on another CPU ({shipped_cpu})" in other.says
+    assert other.fix.endswith(f"adloader model profile --out {state / CORPUS_FILE}")
+    assert check_throughput_model(node(shipped_cpu), state).level == OK
+    gpu = check_throughput_model(node("Another CPU 9000", "NVIDIA H100 80GB HBM3"), state)
+    assert gpu.level == OK and "GPU prior" in gpu.says
+
+    (state / CORPUS_FILE).write_text(json.dumps({**load_corpus(), "cpu_model": "Another CPU 9000"}))
+    own = check_throughput_model(node("Another CPU 9000"), state)
+    assert own.level == OK and f"this node's corpus {state / CORPUS_FILE} (profiled on Another CPU 9000)" in own.says
+    (state / CORPUS_FILE).write_text("{not json")
+    broken = check_throughput_model(node("Another CPU 9000"), state)
+    assert broken.level == WARN and "cannot read the corpus" in broken.says and "adloader model profile" in broken.fix
+
+
 def test_exit_status_and_the_words_of_each_level() -> None:
     findings = [Finding("cgroups", OK, "cgroup v2"), Finding("torch", WARN, "no GPU", "use a GPU node")]
     assert exit_status(findings) == 1 and exit_status(findings[:1]) == 0
@@ -176,7 +209,7 @@ def test_the_command_on_a_v2_fixture_tree_exits_2_and_names_what_to_fix(tmp_path
     levels = {f["check"]: f["level"] for f in document["findings"]}
     assert document["status"] == 2 and levels["cgroups"] == FAIL and levels["controller"] == WARN
     assert list(levels) == ["cgroups", "write access", "scheduler", "controller", "read device", "memory reserve",
-                            "torch"]
+                            "torch", "throughput model"]
 
 
 def test_the_command_on_this_machine_says_each_check_in_a_line() -> None:
@@ -185,5 +218,16 @@ def test_the_command_on_this_machine_says_each_check_in_a_line() -> None:
     lines = proc.stdout.splitlines()
     assert proc.returncode in (1, 2) and proc.stderr == ""
     checks = [line.split()[1] for line in lines if line.split()[0] in (OK, WARN, FAIL)]
-    assert checks == ["cgroups", "write", "scheduler", "controller", "read", "memory", "torch"]
+    assert checks == ["cgroups", "write", "scheduler", "controller", "read", "memory", "torch", "throughput"]
     assert lines[-1].startswith("ready, with less" if proc.returncode == 1 else "not ready")
+
+
+def test_the_throughput_model_check_imports_neither_torch_nor_scikit_learn(tmp_path: Path) -> None:
+    """The doctor probes torch only in a subprocess, so that a broken torch cannot take it down."""
+    probe = ("import sys; from pathlib import Path; from controller.doctor import NodeRoots, check_throughput_model; "
+             f"check_throughput_model(NodeRoots(), Path({str(tmp_path)!r})); "
+             "print(sorted(m for m in ('torch', 'sklearn') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env=base_environment())
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

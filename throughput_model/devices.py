@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from throughput_model.corpus import cpu_model_name
 from throughput_model.errors import UnknownDevice
 
 log = logging.getLogger(__name__)
@@ -88,16 +89,6 @@ def lookup(name: str, *, cpu: Callable[[], Device] | None = None) -> Device:
 
 
 # ---------------------------------------------------------------- measuring the CPU
-
-
-def cpu_model_name(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    try:
-        for line in cpuinfo.read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown cpu"
 
 
 def default_cache_dir() -> Path:

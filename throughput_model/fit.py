@@ -29,16 +29,15 @@ itself. The corpus is JSON data; the fitted model is rebuilt from it on first us
 from __future__ import annotations
 
 import functools
-import json
 import math
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Iterable, Mapping
 
 import numpy as np
 from sklearn.linear_model import LinearRegression
 
+from throughput_model.corpus import MAKE_CORPUS, load_corpus
 from throughput_model.counting import LOWERED_CLASSES, OP_CLASSES, class_of_timed_key
 from throughput_model.devices import Device, cpu_device
 from throughput_model.errors import CorpusError
@@ -71,23 +70,6 @@ MIN_POINTS = 3
 """A class is fitted when at least this many corpus points spend ``MIN_SHARE`` of their step in it."""
 MIN_SHARE = 0.01
 INTERVAL_QUANTILES = (0.05, 0.95)
-MAKE_CORPUS = "make one with 'adloader model profile --out FILE'"
-
-
-def load_corpus(path: Path | None = None) -> dict:
-    """The corpus at ``path``, or the one shipped in ``throughput_model/data/corpus.json``."""
-    try:
-        if path is None:
-            text = resources.files("throughput_model").joinpath("data/corpus.json").read_text()
-        else:
-            text = Path(path).read_text()
-        corpus = json.loads(text)
-    except (OSError, ValueError) as exc:
-        where = path or "the shipped throughput_model/data/corpus.json"
-        raise CorpusError(f"cannot read the corpus {where}: {exc}; {MAKE_CORPUS}") from None
-    if not isinstance(corpus, dict) or not corpus.get("points"):
-        raise CorpusError(f"corpus {path or 'shipped'} has no points; re-run 'adloader model profile'")
-    return corpus
 
 
 def corpus_device(corpus: Mapping) -> Device:
