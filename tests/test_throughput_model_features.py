@@ -258,6 +258,30 @@ def test_what_cannot_be_counted_is_said(monkeypatch) -> None:
         predict(description.features, device="H100")
 
 
+class ChecksItsActivations(DataDependent):
+    """Fails after its first layer has run, wherever it runs: on constant stand-ins and constant reads
+    alike the activations are constant."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.a(x)
+        if hidden.max().item() == hidden.min().item():
+            raise ValueError("constant activations")
+        return self.b(hidden)
+
+
+def test_a_forward_that_fails_part_way_keeps_nothing_of_what_ran_and_is_not_predicted() -> None:
+    """What ran before the failure is a fraction of the step: predicting from it was 111x too fast on
+    a public model (nemo_speechlm, whose forward failed after its first layers)."""
+    description = describe(ChecksItsActivations(), torch.randn(4, 8))
+    features = description.features
+    assert features["count_complete"] == 0.0 and features["flops_forward"] == 0.0 and features["ops_total"] == 0
+    assert all(features[f"{c}_bytes"] == 0 for c in ("gemm", "reduction", "optimizer"))
+    assert features["params"] == 2 * (64 + 8)
+    assert any("not predicted" in note for note in description.notes)
+    with pytest.raises(InsufficientFeatures, match="forward pass could not be counted"):
+        predict(features, device="cpu")
+
+
 def test_a_model_too_large_to_replay_is_counted_with_constant_reads(monkeypatch) -> None:
     """A model over the replay limit that reads a value is counted on the meta device, not left unpredicted."""
     monkeypatch.setattr(features_module, "REPLAY_MAX_BYTES", 100)
@@ -271,7 +295,8 @@ def test_a_model_too_large_to_replay_is_counted_with_constant_reads(monkeypatch)
 
 
 class NoBackward(nn.Module):
-    """Its backward takes a shape from the data (``nonzero``): forward counts, backward cannot."""
+    """Its backward takes a shape from the data (``nonzero``): forward counts, backward fails after
+    its head's gradients have been counted."""
 
     class _Op(torch.autograd.Function):
         @staticmethod
@@ -285,9 +310,10 @@ class NoBackward(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.layer = nn.Linear(8, 8)
+        self.head = nn.Linear(8, 8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self._Op.apply(self.layer(x))
+        return self.head(self._Op.apply(self.layer(x)))
 
 
 def test_a_failed_backward_is_estimated_from_the_forward(monkeypatch) -> None:
@@ -297,6 +323,8 @@ def test_a_failed_backward_is_estimated_from_the_forward(monkeypatch) -> None:
     assert features["count_complete"] == 0.0
     assert any("backward" in note for note in description.notes)
     assert features["flops_backward"] == 2 * features["flops_forward"] > 0
+    # the head's gradients, counted before the failure, are not counted again on top of the estimate
+    assert features["gemm_flops"] == 3 * features["flops_forward"]
     assert features["optimizer_bytes"] > 0 and features["optimizer_ops"] > 0
     assert predict(features, device="H100").samples_per_s > 0  # the forward counted: predicted, widened
 

@@ -20,6 +20,7 @@ whichever way the device ran it; the class's own coefficients absorb the differe
 """
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 import math
@@ -549,22 +550,26 @@ def account_step(
     probe_steps: int = 4,
 ) -> AccountedStep:
     """Run one training step (``forward()`` returns the loss; then backward; then
-    ``optimizer_step()``) under the accountant. A phase that raises stops the step; what was
-    counted so far is kept and the failure is returned, never raised. ``probe_steps``: see
-    :class:`FusedRegions`."""
+    ``optimizer_step()``) under the accountant. A phase that raises stops the step: what the
+    phases before it counted is kept, nothing of the failed one (what ran of it before the failure
+    is an unknown fraction of it, which a caller estimating the phase would count twice), and
+    the failure is returned, never raised. ``probe_steps``: see :class:`FusedRegions`."""
     regions = FusedRegions(probe_steps)
     accountant = StepAccountant(regions, clock)
+    completed = StepTally()
     with regions, accountant:
         try:
             accountant.phase = "forward"
             loss = forward()
+            completed = copy.deepcopy(accountant.tally)
             accountant.phase = "backward"
             loss.backward()
             if optimizer_step is not None:
+                completed = copy.deepcopy(accountant.tally)
                 accountant.phase = "optimizer"
                 optimizer_step()
         except Exception as exc:  # any model code may fail on meta tensors; the caller says so
-            return AccountedStep(accountant.tally, accountant.phase, f"{type(exc).__name__}: {exc}"[:300])
+            return AccountedStep(completed, accountant.phase, f"{type(exc).__name__}: {exc}"[:300])
     return AccountedStep(accountant.tally)
 
 

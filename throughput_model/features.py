@@ -357,9 +357,9 @@ def _prime_optimizer_state(trainable: list[torch.Tensor], step: Callable[[], Any
 def _estimate_missing(tally: StepTally, failed: str | None, trainable: list[torch.Tensor], optimizer: str,
                       notes: list[str]) -> None:
     """Fill the phases a failure left uncounted from the ones that were counted."""
-    if failed == "forward":
-        notes.append("nothing could be counted: features hold only parameter sizes; predictions for this "
-                     "model are wide guesses")
+    if failed == "forward":  # account_step kept nothing of it
+        notes.append("nothing could be counted: features hold only parameter sizes; the model is not "
+                     "predicted, and a job training it is measured only")
         return
     if failed == "backward":
         for counts in tally.classes.values():

@@ -68,12 +68,12 @@ def require_work(features: Mapping[str, float]) -> None:
     could not be counted (neither on the meta device nor on stand-ins) has no counted work, and a
     step estimated from what remains (its optimizer) was off by 400x to 100,000x on the public
     set: such a job is measured only, never predicted."""
-    if float(features.get("batch_size", 0.0)) <= 0 or features.get("ops_total", 0.0) <= 0:
-        raise InsufficientFeatures("the features describe no work (batch_size or ops_total missing); "
-                                   "send adloader.describe_model(model, batch) output")
     if features.get("count_complete", 1.0) < 1.0 and features.get("flops_forward", 0.0) <= 0:
         raise InsufficientFeatures("the model's forward pass could not be counted (describe_model's notes say "
                                    "why): nothing to predict from, so the job is measured only")
+    if float(features.get("batch_size", 0.0)) <= 0 or features.get("ops_total", 0.0) <= 0:
+        raise InsufficientFeatures("the features describe no work (batch_size or ops_total missing); "
+                                   "send adloader.describe_model(model, batch) output")
 
 
 def resolve_device(name: str) -> Device:
