@@ -63,6 +63,19 @@ def test_a_dry_run_on_two_architectures_measures_and_predicts(tmp_path: Path) ->
     assert document["summary"]["n"] == 2 and "| **all** | 2 |" in done.stdout
 
 
+def test_a_walk_past_the_set_gives_the_set_and_the_unseen_rest_apart() -> None:
+    def row(family: str, error: float) -> dict:
+        return {"family": family, "model_type": f"{family}{error}", "error": error, "in_interval": True}
+
+    rows = [row("a", 0.1), row("b", -0.2), row("a", 0.3), row("a", -0.5), row("b", 0.05)]  # walk order
+    apart = public_eval.by_rank(rows, set_size=2)
+    assert apart["summary_the_set"]["n"] == 4 and apart["summary_the_set"]["worst_ape"] == 0.3
+    assert apart["summary_beyond_the_set"]["n"] == 1 and apart["summary_beyond_the_set"]["worst_ape"] == 0.5
+    document = {"summary": public_eval.summarise(rows), **apart, "architectures": rows, "skipped": []}
+    assert "| beyond the set, never seen | 1 | 50.0% |" in public_eval.markdown(document)
+    assert public_eval.by_rank(rows, set_size=3) == {}  # no family went past the set
+
+
 def test_an_unreadable_corpus_is_one_plain_line(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "throughput_model.public_eval", "--out", str(tmp_path / "o.json"),
                            "--corpus", str(tmp_path / "missing.json")],

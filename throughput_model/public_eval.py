@@ -293,6 +293,7 @@ def run(per_family: int = PER_FAMILY, families: tuple[str, ...] | None = None, m
         "architectures": rows,
         "skipped": skipped,
         "summary": summarise(rows),
+        **by_rank(rows),
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
 
@@ -327,14 +328,33 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "goals": GOALS, "goals_met": {k: overall[k] <= v for k, v in GOALS.items()}}
 
 
+def by_rank(rows: list[dict[str, Any]], set_size: int = PER_FAMILY) -> dict[str, Any]:
+    """Where the walk went past the set (``--per-family`` above :data:`PER_FAMILY`): the set's figures
+    (the first ``set_size`` taken per family) and those of the architectures after them, which the
+    set's readers have not seen; nothing when it did not."""
+    taken: dict[str, int] = {}
+    ranks = []
+    for row in rows:  # rows are in walk order
+        taken[row["family"]] = taken.get(row["family"], 0) + 1
+        ranks.append(taken[row["family"]])
+    beyond = [r for r, rank in zip(rows, ranks) if rank > set_size]
+    if not beyond:
+        return {}
+    return {"summary_the_set": summarise([r for r, rank in zip(rows, ranks) if rank <= set_size]),
+            "summary_beyond_the_set": summarise(beyond)}
+
+
 def markdown(document: dict[str, Any]) -> str:
     """The figures as the Markdown table docs/prediction.md shows."""
     summary = document["summary"]
+    named = [*summary["by_family"].items(), ("**all**", summary)]
+    named += [(name, document[key]) for name, key in ((f"the set: the first {PER_FAMILY} per family", "summary_the_set"),
+                                                      ("beyond the set, never seen", "summary_beyond_the_set"))
+              if key in document]
     lines = ["| family | n | median error | p90 error | worst | median signed | interval cover |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for name, s in [*summary["by_family"].items(), ("**all**", summary)]:
-        lines.append(f"| {name} | {s['n']} | {s['median_ape']:.1%} | {s['p90_ape']:.1%} | {s['worst_ape']:.1%} "
-                     f"| {s['bias']:+.1%} | {s['interval_coverage']:.0%} |")
+    lines += [f"| {name} | {s['n']} | {s['median_ape']:.1%} | {s['p90_ape']:.1%} | {s['worst_ape']:.1%} "
+              f"| {s['bias']:+.1%} | {s['interval_coverage']:.0%} |" for name, s in named]
     met = summary["goals_met"]
     lines.append(f"\nGoals: median <= 10%: {'met' if met['median_ape'] else 'MISSED'}; p90 <= 25%: "
                  f"{'met' if met['p90_ape'] else 'MISSED'}. Worst: {summary['worst']}. "
@@ -350,7 +370,8 @@ def _calibration(calibrate: Callable[[int], dict[str, float]], threads: int) -> 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m throughput_model.public_eval", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="JSON document to write")
-    parser.add_argument("--per-family", type=int, default=PER_FAMILY, help="architectures taken per family")
+    parser.add_argument("--per-family", type=int, default=PER_FAMILY, help="architectures taken per family (above "
+                        f"{PER_FAMILY}, the set's and the rest's figures are also given apart)")
     parser.add_argument("--families", help=f"comma-separated subset of {','.join(f for f, _ in FAMILIES)}")
     parser.add_argument("--max-architectures", type=int, help="stop after this many (dry runs)")
     parser.add_argument("--steps", type=int, default=STEPS, help="timed steps per architecture")
