@@ -19,7 +19,7 @@ from bench.mix import JobSpec, Mix, MixError
 
 @functools.cache
 def _corpus_points() -> dict[tuple[str, int], dict]:
-    from throughput_model.fit import load_corpus
+    from throughput_model.corpus import load_corpus
 
     return {(point["model"], int(point["batch"])): point for point in load_corpus()["points"]}
 

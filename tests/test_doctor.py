@@ -15,11 +15,11 @@ from controller.doctor import (
     FAIL, OK, WARN, Finding, NodeRoots, check_cgroups, check_controller, check_memory_reserve, check_read_device,
     check_scheduler, check_throughput_model, check_torch, check_write_access, exit_status,
 )
-from controller.node_memory import CORPUS_FILE
-from throughput_model.corpus import load_corpus
 from controller.doctor_cli import render
+from controller.node_memory import CORPUS_FILE
 from fixtures.cgroup2_tree import make_group
 from fixtures.managed import CGROUP_V1_USABLE, NO_CGROUP_V1
+from throughput_model.corpus import load_corpus
 
 needs_v1 = pytest.mark.skipif(not CGROUP_V1_USABLE, reason=NO_CGROUP_V1)
 

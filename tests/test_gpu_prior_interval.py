@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from throughput_model.features import describe
-from throughput_model.fit import corpus_device, load_corpus
+from throughput_model.corpus import load_corpus
+from throughput_model.fit import corpus_device
 from throughput_model.predict import predict, roofline_prior
 from throughput_model.zoo import classification_loss, resnet50
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from throughput_model import fit
+from throughput_model.corpus import load_corpus
+from throughput_model.counting import OP_CLASSES
 from throughput_model.errors import CorpusError
 from throughput_model.zoo import ZOO
 
@@ -58,7 +59,7 @@ def test_predict_says_what_is_wrong() -> None:
 
 def test_fit_shows_every_class_coefficient() -> None:
     out = _model("fit").stdout
-    for cls in fit.OP_CLASSES:
+    for cls in OP_CLASSES:
         assert f"\n{cls} " in out
     assert "fitted from" in out and "interval" in out
 
@@ -84,4 +85,4 @@ def test_a_bad_corpus_is_reported(tmp_path: Path) -> None:
     assert proc.returncode == 2 and "adloader model profile" in proc.stderr
     corpus_file.write_text('{"points": []}')
     with pytest.raises(CorpusError, match="no points"):
-        fit.load_corpus(corpus_file)
+        load_corpus(corpus_file)

@@ -9,6 +9,7 @@ from importlib import resources
 import pytest
 
 from throughput_model import evaluate, fit, online, predict, profile
+from throughput_model.corpus import load_corpus
 from throughput_model.counting import OP_CLASSES, class_of_timed_key
 from throughput_model.errors import UnknownDevice
 from throughput_model.zoo import FAMILIES, zoo_model
@@ -16,7 +17,7 @@ from throughput_model.zoo import FAMILIES, zoo_model
 
 @pytest.fixture(scope="module")
 def corpus() -> dict:
-    return fit.load_corpus()
+    return load_corpus()
 
 
 def _subset(corpus: dict, families: tuple[str, ...], models_per_family: int = 3) -> dict:

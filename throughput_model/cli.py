@@ -68,10 +68,11 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from throughput_model import fit, profile
+    from throughput_model import profile
+    from throughput_model.corpus import load_corpus
 
     if args.refresh_features:
-        corpus = profile.refresh_features(fit.load_corpus(args.refresh_features))
+        corpus = profile.refresh_features(load_corpus(args.refresh_features))
         profile.save(corpus, args.out)
         print(f"recounted the features of {len(corpus['points'])} points; wrote {args.out}")
         return 0
@@ -108,9 +109,10 @@ def _fit(args: argparse.Namespace) -> int:
 
 
 def _evaluate(args: argparse.Namespace) -> int:
-    from throughput_model import evaluate, fit
+    from throughput_model import evaluate
+    from throughput_model.corpus import load_corpus
 
-    corpus = fit.load_corpus(args.corpus)
+    corpus = load_corpus(args.corpus)
     result = evaluate.evaluate(corpus)
     table = evaluate.markdown(result)
     print(table)

@@ -34,7 +34,8 @@ from typing import Callable, Iterable
 import torch
 
 from throughput_model.counting import account_step, cpu_clock
-from throughput_model.devices import cpu_device, cpu_model_name, measure_cpu_numbers
+from throughput_model.corpus import cpu_model_name
+from throughput_model.devices import cpu_device, measure_cpu_numbers
 from throughput_model.features import OPTIMIZERS, describe
 from throughput_model.zoo import ZOO, ZooModel, classification_loss
 

@@ -229,7 +229,8 @@ def run(per_family: int = PER_FAMILY, families: tuple[str, ...] | None = None, m
     the shipped one, or one profiled on this host by ``adloader model profile``); the JSON document."""
     import torch
 
-    from throughput_model.devices import cpu_device, cpu_model_name, measure_cpu_numbers
+    from throughput_model.corpus import cpu_model_name
+    from throughput_model.devices import cpu_device, measure_cpu_numbers
     from throughput_model.features import describe
     from throughput_model.fit import load_fitted
 

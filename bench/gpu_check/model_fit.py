@@ -21,7 +21,8 @@ import torch
 
 from bench.gpu_check.device import CheckDevice
 from throughput_model import evaluate, profile
-from throughput_model.devices import Device, cpu_device, cpu_model_name, lookup, measure_cpu_numbers
+from throughput_model.corpus import cpu_model_name
+from throughput_model.devices import Device, cpu_device, lookup, measure_cpu_numbers
 from throughput_model.errors import ThroughputModelError
 from throughput_model.zoo import ZOO, ZooModel
 
