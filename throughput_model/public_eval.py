@@ -18,10 +18,10 @@ measured (docs/prediction.md, "The public evaluation set"):
    come from the model fitted on the shipped zoo corpus only.
 
 Measurement is the corpus's: one thread, thread CPU time, median of the timed steps. The
-device is calibrated before the first architecture, between every two and after the last;
-each architecture is predicted with the mean of the calibrations either side of it, so the
-machine's drift (20 % within an hour here) cancels. The error is of throughput (samples/s):
-predicted / measured - 1.
+device is calibrated right before and right after each architecture's timed steps, and the
+architecture is predicted with the mean of the two, so the machine's drift (20 % within an
+hour here) cancels. How far apart the two are is kept with each row (``calibrations_apart``).
+The error is of throughput (samples/s): predicted / measured - 1.
 
 ``python -m throughput_model.public_eval --out bench/results/public_eval.json``
 """
@@ -242,35 +242,38 @@ def run(per_family: int = PER_FAMILY, families: tuple[str, ...] | None = None, m
     taken: dict[str, int] = {}
     rows: list[dict[str, Any]] = []
     skipped: list[dict[str, str]] = []
-    calibrations = [_calibration(calibrate, threads)]
+    calibrations: list[dict[str, Any]] = []
     try:
         for candidate in candidates(families):
             if taken.get(candidate.family, 0) >= per_family or (max_total is not None and len(rows) >= max_total):
                 continue
             try:
                 model, batch = build(candidate)
+                before = _calibration(calibrate, threads)
                 measured = measure(model, batch, steps, warmup)
+                after = _calibration(calibrate, threads)
             except Exception as exc:  # the rule: a candidate that does not build or train is not taken
                 first_line = str(exc).splitlines()[0][:200] if str(exc) else ""
                 skipped.append({"family": candidate.family, "model_type": candidate.model_type,
                                 "reason": f"{type(exc).__name__}: {first_line}"})
                 continue
             description = describe(model, batch, loss_fn=logits_loss, optimizer=measured.pop("optimizer"))
-            calibrations.append(_calibration(calibrate, threads))
-            numbers = {k: (calibrations[-2]["numbers"][k] + calibrations[-1]["numbers"][k]) / 2
-                       for k in calibrations[-1]["numbers"]}
-            device = cpu_device(numbers, threads, cpu_model_name())
-            predicted = _predicted_step_s(fitted, description.features, device)
+            calibrations += [before, after]
+            numbers = {k: (before["numbers"][k] + v) / 2 for k, v in after["numbers"].items()}
+            predicted = _predicted_step_s(fitted, description.features, cpu_device(numbers, threads, cpu_model_name()))
             rows.append({**asdict(candidate), "params": int(description.features["params"]),
                          "count_complete": description.features["count_complete"], "notes": list(description.notes),
                          **measured, "predicted_step_s": predicted if predicted > 0 else None,
                          # predicted samples/s over measured, - 1; None: the model could not predict it
                          "error": measured["step_s"] / predicted - 1.0 if predicted > 0 else None,
                          "in_interval": (predicted * math.exp(fitted.log_interval[0]) <= measured["step_s"]
-                                         <= predicted * math.exp(fitted.log_interval[1]))})
+                                         <= predicted * math.exp(fitted.log_interval[1])),
+                         # the largest ratio of one device number between the two calibrations
+                         "calibrations_apart": round(max(max(before["numbers"][k], v) / min(before["numbers"][k], v)
+                                                         for k, v in after["numbers"].items()), 4)})
             taken[candidate.family] = taken.get(candidate.family, 0) + 1
-            log.info("%s %s: measured %.1f ms, predicted %.1f ms", candidate.family, candidate.model_type,
-                     measured["step_s"] * 1e3, predicted * 1e3)
+            log.info("%s %s: measured %.1f ms, predicted %.1f ms (calibrations %.2fx apart)", candidate.family,
+                     candidate.model_type, measured["step_s"] * 1e3, predicted * 1e3, rows[-1]["calibrations_apart"])
             del model, batch
     finally:
         torch.set_num_threads(previous)
