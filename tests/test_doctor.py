@@ -183,6 +183,10 @@ def test_the_throughput_model_corpus_is_judged_against_this_cpu_and_the_nodes_ow
     (state / CORPUS_FILE).write_text("{not json")
     broken = check_throughput_model(node("Another CPU 9000"), state)
     assert broken.level == WARN and "cannot read the corpus" in broken.says and "adloader model profile" in broken.fix
+    (state / CORPUS_FILE).write_text(json.dumps({**load_corpus(), "points": load_corpus()["points"][:2]}))
+    too_small = check_throughput_model(node("Another CPU 9000"), state)  # would fit nothing: the shipped one serves
+    assert too_small.level == WARN and "2 point(s), too few to fit" in too_small.says
+    assert "predicting from the shipped corpus" in too_small.says
 
 
 def test_exit_status_and_the_words_of_each_level() -> None:

@@ -13,6 +13,8 @@ from pathlib import Path
 from throughput_model.errors import CorpusError
 
 MAKE_CORPUS = "make one with 'adloader model profile --out FILE'"
+MIN_POINTS = 3
+"""The fewest points a corpus is fitted on; :mod:`fit` fits one operator class on no fewer."""
 
 
 def load_corpus(path: Path | None = None) -> dict:
@@ -28,6 +30,9 @@ def load_corpus(path: Path | None = None) -> dict:
         raise CorpusError(f"cannot read the corpus {where}: {exc}; {MAKE_CORPUS}") from None
     if not isinstance(corpus, dict) or not corpus.get("points"):
         raise CorpusError(f"corpus {path or 'shipped'} has no points; re-run 'adloader model profile'")
+    if len(corpus["points"]) < MIN_POINTS:  # refused here, where the controller chooses its corpus, not at first fit
+        raise CorpusError(f"corpus {path or 'shipped'} has {len(corpus['points'])} point(s), too few to fit (need "
+                          f"{MIN_POINTS}); re-run 'adloader model profile' without --families or --quick")
     return corpus
 
 

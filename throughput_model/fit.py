@@ -37,7 +37,7 @@ from typing import Iterable, Mapping
 import numpy as np
 from sklearn.linear_model import LinearRegression
 
-from throughput_model.corpus import MAKE_CORPUS, load_corpus
+from throughput_model.corpus import MAKE_CORPUS, MIN_POINTS, load_corpus
 from throughput_model.counting import LOWERED_CLASSES, OP_CLASSES, class_of_timed_key
 from throughput_model.devices import Device, cpu_device
 from throughput_model.errors import CorpusError
@@ -66,9 +66,8 @@ SINGLE_KERNEL_CLASSES = ("lstm",)
 """Classes that run as one fused kernel on CPUs (oneDNN) and GPUs (cuDNN) alike: the bytes of
 their meta-device decomposition (every step's gates) never reach memory, so only FLOPs count."""
 
-MIN_POINTS = 3
-"""A class is fitted when at least this many corpus points spend ``MIN_SHARE`` of their step in it."""
 MIN_SHARE = 0.01
+"""A class is fitted when at least ``MIN_POINTS`` corpus points spend this share of their step in it."""
 INTERVAL_QUANTILES = (0.05, 0.95)
 
 
