@@ -60,7 +60,8 @@ def test_a_dry_run_on_two_architectures_measures_and_predicts(tmp_path: Path) ->
         assert set(family_order[:family_order.index(row["model_type"])]) <= skipped
         assert row["step_s"] > 0 and row["predicted_step_s"] > 0 and len(row["step_samples_s"]) == 2
         assert row["calibrations_apart"] >= 1
-    assert len(document["calibrations"]) == 2 * len(rows)  # right before and after each: drift cancels
+    # before each of the 2 timed steps and after the last: the calibrations span the steps' window
+    assert len(document["calibrations"]) == 3 * len(rows)
     assert document["summary"]["n"] == 2 and "| **all** | 2 |" in done.stdout
 
 

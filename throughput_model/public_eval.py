@@ -18,10 +18,12 @@ measured (docs/prediction.md, "The public evaluation set"):
    come from the model fitted on the shipped zoo corpus only.
 
 Measurement is the corpus's: one thread, thread CPU time, median of the timed steps. The
-device is calibrated right before and right after each architecture's timed steps, and the
-architecture is predicted with the mean of the two, so the machine's drift (20 % within an
-hour here) cancels. How far apart the two are is kept with each row (``calibrations_apart``).
-The error is of throughput (samples/s): predicted / measured - 1.
+device is calibrated over the same window as the steps: before each timed step and after the
+last, and the architecture is predicted with the median of each number. The machine's drift
+(20 % within an hour here) cancels, and so does a VM that switches speed within seconds, which a
+calibration before and after the steps catches at one speed while the steps' median averages
+over both. How far apart an architecture's calibrations are is kept with its row
+(``calibrations_apart``). The error is of throughput (samples/s): predicted / measured - 1.
 
 ``python -m throughput_model.public_eval --out bench/results/public_eval.json``
 """
@@ -202,8 +204,12 @@ def logits_loss(output: Any) -> Any:
     return classification_loss(logits.float())
 
 
-def measure(model: Any, batch: dict[str, Any], steps: int, warmup: int) -> dict[str, Any]:
-    """Median thread CPU seconds of a training step (forward, loss, backward, AdamW), and the optimizer used."""
+def measure(model: Any, batch: dict[str, Any], steps: int, warmup: int,
+            calibrate: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Median thread CPU seconds of a training step (forward, loss, backward, AdamW), the optimizer
+    used, and ``calibrate()``'s results from before each timed step and after the last. Each
+    calibration is followed by one untimed step: its 96 MiB memory stream evicts the caches, and a 10 ms
+    step run right after one took 25 % longer."""
     import torch
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -217,9 +223,17 @@ def measure(model: Any, batch: dict[str, Any], steps: int, warmup: int) -> dict[
 
     for _ in range(warmup):
         step()
-    samples = [step() for _ in range(steps)]
+    samples: list[float] = []
+    calibrations = []
+    for _ in range(steps):
+        if calibrate is not None:
+            calibrations.append(calibrate())
+            step()
+        samples.append(step())
+    if calibrate is not None:
+        calibrations.append(calibrate())
     return {"step_s": statistics.median(samples), "step_samples_s": [round(s, 6) for s in samples],
-            "optimizer": optimizer}
+            "optimizer": optimizer, "calibrations": calibrations}
 
 
 def run(per_family: int = PER_FAMILY, families: tuple[str, ...] | None = None, max_total: int | None = None,
@@ -249,17 +263,16 @@ def run(per_family: int = PER_FAMILY, families: tuple[str, ...] | None = None, m
                 continue
             try:
                 model, batch = build(candidate)
-                before = _calibration(calibrate, threads)
-                measured = measure(model, batch, steps, warmup)
-                after = _calibration(calibrate, threads)
+                measured = measure(model, batch, steps, warmup, lambda: _calibration(calibrate, threads))
             except Exception as exc:  # the rule: a candidate that does not build or train is not taken
                 first_line = str(exc).splitlines()[0][:200] if str(exc) else ""
                 skipped.append({"family": candidate.family, "model_type": candidate.model_type,
                                 "reason": f"{type(exc).__name__}: {first_line}"})
                 continue
             description = describe(model, batch, loss_fn=logits_loss, optimizer=measured.pop("optimizer"))
-            calibrations += [before, after]
-            numbers = {k: (before["numbers"][k] + v) / 2 for k, v in after["numbers"].items()}
+            window = measured.pop("calibrations")
+            calibrations += window
+            numbers = {k: statistics.median(c["numbers"][k] for c in window) for k in window[0]["numbers"]}
             predicted = _predicted_step_s(fitted, description.features, cpu_device(numbers, threads, cpu_model_name()))
             rows.append({**asdict(candidate), "params": int(description.features["params"]),
                          "count_complete": description.features["count_complete"], "notes": list(description.notes),
@@ -268,9 +281,9 @@ def run(per_family: int = PER_FAMILY, families: tuple[str, ...] | None = None, m
                          "error": measured["step_s"] / predicted - 1.0 if predicted > 0 else None,
                          "in_interval": (predicted * math.exp(fitted.log_interval[0]) <= measured["step_s"]
                                          <= predicted * math.exp(fitted.log_interval[1])),
-                         # the largest ratio of one device number between the two calibrations
-                         "calibrations_apart": round(max(max(before["numbers"][k], v) / min(before["numbers"][k], v)
-                                                         for k, v in after["numbers"].items()), 4)})
+                         # the largest ratio of one device number among the architecture's calibrations
+                         "calibrations_apart": round(max(max(c["numbers"][k] for c in window)
+                                                         / min(c["numbers"][k] for c in window) for k in numbers), 4)})
             taken[candidate.family] = taken.get(candidate.family, 0) + 1
             log.info("%s %s: measured %.1f ms, predicted %.1f ms (calibrations %.2fx apart)", candidate.family,
                      candidate.model_type, measured["step_s"] * 1e3, predicted * 1e3, rows[-1]["calibrations_apart"])
