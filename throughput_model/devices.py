@@ -13,10 +13,11 @@ import json
 import logging
 import os
 import re
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -126,6 +127,17 @@ def measure_cpu_numbers(threads: int) -> dict[str, float]:
     finally:
         torch.set_num_threads(previous)
     return {"peak_flops": 2.0 * n ** 3 / gemm, "memory_bandwidth": 3.0 * 4 * big / stream, "op_overhead_s": tiny}
+
+
+def calibration(threads: int, measure: Callable[[int], dict[str, float]] = measure_cpu_numbers) -> dict[str, Any]:
+    """The device's numbers now (``measure``, this CPU's by default), when, and the load average
+    then: a long measurement takes several, so that drift shows."""
+    return {"at": round(time.time(), 1), "numbers": measure(threads), "loadavg": list(os.getloadavg())}
+
+
+def median_numbers(calibrations: list[dict[str, Any]]) -> dict[str, float]:
+    """Each device number's median over ``calibrations`` (as :func:`calibration` gives them)."""
+    return {k: statistics.median(c["numbers"][k] for c in calibrations) for k in calibrations[0]["numbers"]}
 
 
 def cpu_device(numbers: dict[str, float], threads: int, name: str) -> Device:

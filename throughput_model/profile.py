@@ -35,7 +35,7 @@ import torch
 
 from throughput_model.counting import account_step, cpu_clock
 from throughput_model.corpus import cpu_model_name
-from throughput_model.devices import cpu_device, measure_cpu_numbers
+from throughput_model.devices import calibration, cpu_device, median_numbers
 from throughput_model.features import OPTIMIZERS, describe
 from throughput_model.zoo import ZOO, ZooModel, classification_loss
 
@@ -133,20 +133,20 @@ def profile(
     torch.set_num_threads(threads)
     try:
         started = time.time()
-        calibrations = [_calibration(threads)]
+        calibrations = [calibration(threads)]
         records = []
         for index, (spec, batch) in enumerate(points):
             if index > 0 and spec.family != points[index - 1][0].family:
-                calibrations.append(_calibration(threads))
+                calibrations.append(calibration(threads))
             record = profile_point(spec, batch, steps)
             records.append(record)
             if progress is not None:
                 progress(index + 1, len(points), record)
             gc.collect()
-        calibrations.append(_calibration(threads))
+        calibrations.append(calibration(threads))
     finally:
         torch.set_num_threads(previous)
-    numbers = {k: statistics.median(c["numbers"][k] for c in calibrations) for k in calibrations[0]["numbers"]}
+    numbers = median_numbers(calibrations)  # before the first point, between families, after the last
     device = cpu_device(numbers, threads, cpu_model_name())
     return {
         "version": CORPUS_VERSION,
@@ -168,11 +168,6 @@ def profile(
     }
 
 
-def _calibration(threads: int) -> dict:
-    """The device's peaks and the load average now: measured before the first point, between
-    families and after the last, so that drift during a long profile shows and the device numbers
-    are the median of them all rather than of two ends."""
-    return {"at": round(time.time(), 1), "numbers": measure_cpu_numbers(threads), "loadavg": list(os.getloadavg())}
 
 
 def save(corpus: dict, path: Path) -> None:

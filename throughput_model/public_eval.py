@@ -244,7 +244,7 @@ def run(per_family: int = PER_FAMILY, families: tuple[str, ...] | None = None, m
     import torch
 
     from throughput_model.corpus import cpu_model_name
-    from throughput_model.devices import cpu_device, measure_cpu_numbers
+    from throughput_model.devices import calibration, cpu_device, measure_cpu_numbers, median_numbers
     from throughput_model.features import describe
     from throughput_model.fit import load_fitted
 
@@ -263,7 +263,7 @@ def run(per_family: int = PER_FAMILY, families: tuple[str, ...] | None = None, m
                 continue
             try:
                 model, batch = build(candidate)
-                measured = measure(model, batch, steps, warmup, lambda: _calibration(calibrate, threads))
+                measured = measure(model, batch, steps, warmup, lambda: calibration(threads, calibrate))
             except Exception as exc:  # the rule: a candidate that does not build or train is not taken
                 first_line = str(exc).splitlines()[0][:200] if str(exc) else ""
                 skipped.append({"family": candidate.family, "model_type": candidate.model_type,
@@ -272,7 +272,7 @@ def run(per_family: int = PER_FAMILY, families: tuple[str, ...] | None = None, m
             description = describe(model, batch, loss_fn=logits_loss, optimizer=measured.pop("optimizer"))
             window = measured.pop("calibrations")
             calibrations += window
-            numbers = {k: statistics.median(c["numbers"][k] for c in window) for k in window[0]["numbers"]}
+            numbers = median_numbers(window)
             predicted = _predicted_step_s(fitted, description.features, cpu_device(numbers, threads, cpu_model_name()))
             rows.append({**asdict(candidate), "params": int(description.features["params"]),
                          "count_complete": description.features["count_complete"], "notes": list(description.notes),
@@ -378,10 +378,6 @@ def markdown(document: dict[str, Any]) -> str:
                  f"{len(document['architectures'])} architectures taken, {len(document['skipped'])} "
                  "skipped by the rule.")
     return "\n".join(lines)
-
-
-def _calibration(calibrate: Callable[[int], dict[str, float]], threads: int) -> dict[str, Any]:
-    return {"at": round(time.time(), 1), "numbers": calibrate(threads), "loadavg": list(os.getloadavg())}
 
 
 def main(argv: list[str] | None = None) -> int:
