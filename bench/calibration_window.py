@@ -53,7 +53,8 @@ def spread(rows: list[dict[str, Any]], way: str) -> dict[str, float]:
 
 
 def run(per_family: int, rounds: int, steps: int, warmup: int, corpus: Path | None,
-        progress: Callable[[str], None] = print) -> dict[str, Any]:
+        families: tuple[str, ...] | None = None, progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """Both ways, ``rounds`` times, on the first ``per_family`` of each family; the JSON document."""
     import torch
 
     from throughput_model import public_eval
@@ -67,7 +68,7 @@ def run(per_family: int, rounds: int, steps: int, warmup: int, corpus: Path | No
     torch.set_num_threads(1)  # as the corpus was profiled
     started = time.time()
     try:
-        chosen = _first_per_family(public_eval, per_family)
+        chosen = _first_per_family(public_eval, per_family, families)
         described = {c.model_type: describe(model, batch, loss_fn=public_eval.logits_loss,
                                             optimizer=torch.optim.AdamW(model.parameters(), lr=1e-4)).features
                      for c, model, batch in chosen}
@@ -95,15 +96,16 @@ def run(per_family: int, rounds: int, steps: int, warmup: int, corpus: Path | No
         torch.set_num_threads(previous)
     return {"benchmark": "an architecture's prediction error between rounds, by calibration (bench/calibration_window.py)",
             "corpus": str(corpus) if corpus else "shipped", "cpu_model": cpu_model_name(), "per_family": per_family,
+            "families": list(families) if families else "all",
             "rounds": rounds, "steps": steps, "warmup": warmup, "wall_s": round(time.time() - started, 1),
             "summary": {way: spread(rows, way) for way in WAYS}, "rows": rows}
 
 
-def _first_per_family(public_eval: Any, per_family: int) -> list[tuple[Any, Any, Any]]:
+def _first_per_family(public_eval: Any, per_family: int, families: tuple[str, ...] | None) -> list[tuple[Any, Any, Any]]:
     """The public set's rule walked only as far as ``per_family`` per family: the first that build and train."""
     chosen: list[tuple[Any, Any, Any]] = []
     taken: dict[str, int] = {}
-    for candidate in public_eval.candidates():
+    for candidate in public_eval.candidates(families):
         if taken.get(candidate.family, 0) >= per_family:
             continue
         try:
@@ -123,9 +125,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per architecture and way")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--corpus", type=Path, help="zoo corpus to fit on (default: the shipped one)")
+    parser.add_argument("--families", help="comma-separated subset of the public set's families (default: all)")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args(argv)
-    result = run(args.per_family, args.rounds, args.steps, args.warmup, args.corpus)
+    from throughput_model.public_eval import PublicEvalError, parse_families
+
+    try:
+        families = parse_families(args.families)
+    except PublicEvalError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    result = run(args.per_family, args.rounds, args.steps, args.warmup, args.corpus, families)
     print(f"{'way':<7} {'n':>3} {'rounds':>6} {'median dev':>10} {'p90 dev':>8} {'median err':>10} {'p90 err':>8}")
     for way, s in result["summary"].items():
         print(f"{way:<7} {s['n']:>3} {s['rounds']:>6} {s['median_deviation']:>10.1%} {s['p90_deviation']:>8.1%} "

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from bench.calibration_window import WAYS, run, spread
+from bench.calibration_window import WAYS, main, run, spread
 
 pytestmark = pytest.mark.pure
 
@@ -29,20 +29,27 @@ def test_an_architecture_whose_error_moves_between_rounds_is_spread() -> None:
     assert spread(rows, "pair")["n"] == 1  # each way on its own rows
 
 
+def test_an_unknown_family_is_one_plain_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--families", "vision,sculpture"]) == 2
+    said = capsys.readouterr().err.strip()
+    assert said.startswith("unknown family in --families: ['sculpture']") and "\n" not in said
+
+
 @pytest.mark.slow
 def test_a_short_run_times_both_ways_interleaved() -> None:
     pytest.importorskip("transformers", reason="the public set is built with Hugging Face transformers, an optional "
                                                "dependency (docs/prediction.md)")
     said: list[str] = []
-    result = run(per_family=1, rounds=2, steps=2, warmup=1, corpus=None, progress=said.append)
+    result = run(per_family=1, rounds=2, steps=2, warmup=1, corpus=None, families=("vision", "text-classifier"),
+                 progress=said.append)
     rows = result["rows"]
     architectures = {r["model_type"] for r in rows}
-    assert len(architectures) == 5  # the first of each family
+    assert {r["family"] for r in rows} == {"vision", "text-classifier"} and len(architectures) == 2
     first_round = [r["way"] for r in rows if r["round"] == 0]
     second_round = [r["way"] for r in rows if r["round"] == 1]
     assert first_round[:2] == list(WAYS) and second_round[:2] == list(WAYS[::-1])
     for row in rows:
         assert len(row["calibrations"]) == (2 if row["way"] == "pair" else 3)  # 2 timed steps: before each, after the last
         assert row["step_s"] > 0 and row["predicted_step_s"] > 0
-    assert set(result["summary"]) == set(WAYS) and all(s["n"] == 5 for s in result["summary"].values())
+    assert set(result["summary"]) == set(WAYS) and all(s["n"] == 2 for s in result["summary"].values())
     assert len(said) == 1 + len(rows)

@@ -111,6 +111,17 @@ def transformers_module() -> Any:
     return transformers
 
 
+def parse_families(text: str | None) -> tuple[str, ...] | None:
+    """``--families``' comma-separated names, checked against :data:`FAMILIES`; None: all."""
+    if not text:
+        return None
+    families = tuple(text.split(","))
+    known = [f for f, _ in FAMILIES]
+    if not set(families) <= set(known):
+        raise PublicEvalError(f"unknown family in --families: {sorted(set(families) - set(known))}; known: {known}")
+    return families
+
+
 def candidates(families: tuple[str, ...] | None = None) -> list[Candidate]:
     """Every candidate in rule order (steps 1 and 2 of the module docstring)."""
     transformers_module()
@@ -394,10 +405,10 @@ def main(argv: list[str] | None = None) -> int:
                                                     "'adloader model profile' makes one for this host)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    families = tuple(args.families.split(",")) if args.families else None
-    known = {f for f, _ in FAMILIES}
-    if families and not set(families) <= known:
-        print(f"unknown family in --families: {sorted(set(families) - known)}; known: {sorted(known)}", file=sys.stderr)
+    try:
+        families = parse_families(args.families)
+    except PublicEvalError as exc:
+        print(str(exc), file=sys.stderr)
         return 2
     try:
         document = run(args.per_family, families, args.max_architectures, args.steps, args.warmup, args.threads,
